@@ -1,0 +1,96 @@
+"""Number formats: what each floating point dtype can hold (lesson 01).
+
+Tables and sums the lesson measures; the graded exercises (bit decoding, cast fates, underflow
+fractions, safe scales, compensated sums) are left to the student.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+#: The dtypes lesson 01 compares, in the order it shows them.
+FORMATS: tuple[torch.dtype, ...] = (
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+)
+
+
+@dataclass(frozen=True)
+class FormatInfo:
+    """The numbers that decide what a dtype can hold (from ``torch.finfo``)."""
+
+    dtype: torch.dtype
+    bits: int
+    exponent_bits: int
+    mantissa_bits: int
+    max: float
+    smallest_normal: float
+    smallest_subnormal: float
+    eps: float
+
+
+def format_info(dtype: torch.dtype) -> FormatInfo:
+    """Range and precision of ``dtype``, read from ``torch.finfo`` (lesson 01)."""
+    fi = torch.finfo(dtype)
+    mantissa = round(-math.log2(fi.eps))
+    exponent = fi.bits - 1 - mantissa
+    return FormatInfo(
+        dtype=dtype,
+        bits=fi.bits,
+        exponent_bits=exponent,
+        mantissa_bits=mantissa,
+        max=float(fi.max),
+        smallest_normal=float(fi.smallest_normal),
+        smallest_subnormal=float(fi.smallest_normal) * float(fi.eps),
+        eps=float(fi.eps),
+    )
+
+
+def format_table(dtypes: tuple[torch.dtype, ...] = FORMATS) -> str:
+    """A text table of :func:`format_info` for ``dtypes`` (lesson 01)."""
+    head = (
+        f"{'dtype':<16}{'bits':>5}{'exp':>5}{'man':>5}{'max':>14}"
+        f"{'min normal':>14}{'min subnormal':>15}{'eps':>12}"
+    )
+    rows = [head, "-" * len(head)]
+    for dtype in dtypes:
+        i = format_info(dtype)
+        rows.append(
+            f"{str(dtype).removeprefix('torch.'):<16}{i.bits:>5}{i.exponent_bits:>5}"
+            f"{i.mantissa_bits:>5}{i.max:>14.6g}{i.smallest_normal:>14.6g}"
+            f"{i.smallest_subnormal:>15.6g}{i.eps:>12.6g}"
+        )
+    return "\n".join(rows)
+
+
+def naive_running_sum(value: float, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """Add ``value`` to a ``dtype`` accumulator ``count`` times; returns every partial sum.
+
+    Shows swamping: once the sum is large, each addition of a small value rounds away
+    (lesson 01).
+    """
+    step = torch.tensor(value, dtype=dtype)
+    total = torch.zeros((), dtype=dtype)
+    partial = torch.empty(count, dtype=torch.float64)
+    for i in range(count):
+        total = total + step
+        partial[i] = float(total)
+    return partial
+
+
+def spacing(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The gap between each value's binade neighbours in ``dtype``: one unit in the last place.
+
+    For a normal number ``x`` that is ``2**(floor(log2|x|) - mantissa_bits)``; below the smallest
+    normal the gap is the smallest subnormal (lesson 01).
+    """
+    info = format_info(dtype)
+    x = values.double().abs()
+    exponent = torch.floor(torch.log2(x.clamp_min(info.smallest_normal)))
+    return torch.exp2(exponent - info.mantissa_bits)
