@@ -24,7 +24,7 @@ def _cmd_release(args: argparse.Namespace) -> int:
                 return 1
             print("lessons/ is in sync with solutions/.")
             return 0
-        ids = release(root)
+        ids = release(root, args.lesson or None)
     except ReleaseError as exc:
         print(exc, file=sys.stderr)
         print("lessons/ was left as it was.", file=sys.stderr)
@@ -54,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--check",
         action="store_true",
         help="only report whether lessons/ matches a fresh release (exit 1 if not)",
+    )
+    p.add_argument(
+        "--lesson",
+        action="append",
+        metavar="ID",
+        help="release only this lesson (repeatable); the others stay as they are",
     )
     p.add_argument("--root", default=str(REPO_ROOT), help="course directory (default: this repo)")
     p.set_defaults(func=_cmd_release)

@@ -149,9 +149,17 @@ def lesson_ids(solutions: Path) -> list[str]:
     return ids
 
 
-def generate(root: Path, out: Path) -> list[str]:
-    """Run nbgrader generate_assignment for every lesson of ``root/solutions`` into ``out``."""
+def generate(root: Path, out: Path, only: list[str] | None = None) -> list[str]:
+    """Run nbgrader generate_assignment for the lessons of ``root/solutions`` into ``out``.
+
+    ``only`` limits the release to those lesson ids (all are still validated).
+    """
     ids = lesson_ids(root / "solutions")
+    if only:
+        unknown = sorted(set(only) - set(ids))
+        if unknown:
+            raise ReleaseError(f"no such lesson in {root / 'solutions'}: {', '.join(unknown)}")
+        ids = [i for i in ids if i in only]
     out.mkdir(parents=True, exist_ok=True)
     for lesson in ids:
         nbgrader(
@@ -169,12 +177,20 @@ def generate(root: Path, out: Path) -> list[str]:
     return ids
 
 
-def release(root: Path = REPO_ROOT) -> list[str]:
-    """Regenerate ``root/lessons`` from ``root/solutions``; nothing changes if anything fails."""
+def release(root: Path = REPO_ROOT, only: list[str] | None = None) -> list[str]:
+    """Regenerate ``root/lessons`` from ``root/solutions``; nothing changes if anything fails.
+
+    With ``only``, just those lessons' folders are replaced and the rest of ``lessons/`` stays.
+    """
     lessons = root / "lessons"
     with tempfile.TemporaryDirectory(prefix=".release-", dir=root) as tmp:
         fresh = Path(tmp) / "lessons"
-        ids = generate(root, fresh)
+        ids = generate(root, fresh, only)
+        if only and lessons.is_dir():
+            # Keep the lessons not being released: copy them beside the fresh ones.
+            for entry in lessons.iterdir():
+                if entry.is_dir() and not (fresh / entry.name).exists():
+                    shutil.copytree(entry, fresh / entry.name)
         old = Path(tmp) / "previous"
         if lessons.exists():
             lessons.rename(old)

@@ -1,0 +1,71 @@
+"""Every lesson: the solution earns full marks, the unfilled release zero, wrong answers lose
+exactly their exercise's points. Each lesson is executed once per session (see conftest)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import LESSON_IDS, WRONG_VARIANTS, outputs_text
+
+pytestmark = pytest.mark.lesson
+
+
+def _auto(cells):
+    return {gid: c for gid, c in cells.items() if c.auto or gid.endswith("_tests")}
+
+
+@pytest.mark.parametrize("lesson", LESSON_IDS)
+def test_solution_earns_full_marks(graded, lesson):
+    cells = graded.scores(lesson)["solution"]
+    tests = {gid: c for gid, c in cells.items() if gid.endswith("_tests")}
+    assert tests, f"{lesson} has no autograded test cells"
+    lost = {gid: (c.score, c.max_score) for gid, c in tests.items() if c.score != c.max_score}
+    assert not lost, f"{lesson}: the solution loses points on {lost}"
+
+
+@pytest.mark.parametrize("lesson", LESSON_IDS)
+def test_unfilled_release_earns_zero(graded, lesson):
+    cells = graded.scores(lesson)["unfilled"]
+    earned = {gid: c.score for gid, c in cells.items() if c.score != 0}
+    assert not earned, f"{lesson}: the unfilled notebook earns points on {earned}"
+    assert any(c.max_score > 0 for c in cells.values())
+
+
+@pytest.mark.parametrize("lesson", LESSON_IDS)
+def test_lesson_has_written_question_graded_by_hand(graded, lesson):
+    cells = graded.scores(lesson)["solution"]
+    manual = [gid for gid, c in cells.items() if not c.auto]
+    assert manual, f"{lesson} has no written answer left for manual grading"
+
+
+@pytest.mark.parametrize("lesson", LESSON_IDS)
+def test_solution_runs_without_errors_or_torch_deprecations(graded, lesson):
+    nb = graded.executed(lesson, "solution")
+    errors = [
+        (i, out.get("ename"), out.get("evalue"))
+        for i, cell in enumerate(nb["cells"])
+        for out in cell.get("outputs", [])
+        if out.get("output_type") == "error"
+    ]
+    assert not errors, f"{lesson}: cells raised {errors}"
+    text = outputs_text(nb)
+    for word in ("FutureWarning", "DeprecationWarning"):
+        assert word not in text, f"{lesson} printed a {word}:\n{text}"
+
+
+@pytest.mark.parametrize(
+    "lesson,variant",
+    [(lesson, name) for lesson, variants in WRONG_VARIANTS.items() for name in variants],
+)
+def test_wrong_exercise_loses_exactly_its_points(graded, lesson, variant):
+    grade_id = WRONG_VARIANTS[lesson][variant][0]
+    scores = graded.scores(lesson)
+    wrong = scores[f"wrong-{variant}".replace("_", "-")]
+    right = scores["solution"]
+    for gid, cell in _auto(wrong).items():
+        if gid == f"{grade_id}_tests":
+            assert cell.score == 0, f"{variant}: {gid} still earned {cell.score}"
+        else:
+            assert cell.score == right[gid].score, (
+                f"{variant}: {gid} changed from {right[gid].score} to {cell.score}"
+            )
