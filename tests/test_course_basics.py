@@ -1,0 +1,174 @@
+"""Unit tests of the course package pieces lesson 01 introduced."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import course
+from course import checks
+from course.data import digits, mlp, trained_gradients
+from course.formats import format_info, naive_running_sum, spacing
+from course.widgets import LossScaleExplorer, overflow_fraction
+
+
+def test_format_info_matches_ieee_half_and_bfloat16():
+    half = format_info(torch.float16)
+    assert (half.max, half.smallest_normal, half.smallest_subnormal) == (
+        65504.0,
+        2.0**-14,
+        2.0**-24,
+    )
+    assert (half.exponent_bits, half.mantissa_bits) == (5, 10)
+    bf16 = format_info(torch.bfloat16)
+    assert (bf16.exponent_bits, bf16.mantissa_bits, bf16.eps) == (8, 7, 2.0**-7)
+    assert format_info(torch.float8_e4m3fn).max == 448.0
+    assert format_info(torch.float8_e5m2).max == 57344.0
+
+
+def test_swamping_figures_the_lesson_states():
+    assert naive_running_sum(0.01, 1000, torch.bfloat16)[-1].item() == 4.0
+    assert naive_running_sum(0.01, 1000, torch.float16)[-1].item() == pytest.approx(9.953, abs=1e-3)
+    assert naive_running_sum(0.01, 1000, torch.float32)[-1].item() == pytest.approx(10.0001, 1e-5)
+
+
+def test_spacing_is_one_ulp():
+    got = spacing(torch.tensor([1.0, 2048.0, 3000.0, 1e-7]), torch.float16)
+    assert got.tolist() == [2.0**-10, 2.0, 2.0, 2.0**-24]
+    assert float(torch.tensor(2048.0, dtype=torch.float16) + 1) == 2048.0
+
+
+def test_setup_seeds_and_describes(capsys):
+    env = course.setup(seed=3)
+    a = torch.rand(3)
+    course.setup(seed=3, quiet=True)
+    assert torch.equal(a, torch.rand(3))
+    assert env.device.type in ("cpu", "cuda")
+    assert "torch" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+def test_asking_for_cuda_without_a_gpu_says_so():
+    with pytest.raises(RuntimeError, match="no CUDA GPU"):
+        course.pick_device("cuda")
+
+
+def test_setup_turns_torch_deprecations_into_errors():
+    course.setup(quiet=True)
+    with pytest.raises(FutureWarning, match="deprecated"):
+        torch.cuda.amp.GradScaler(enabled=False)
+
+
+def test_pytest_config_turns_torch_deprecations_into_errors():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.resetwarnings()
+        warnings.simplefilter("error", FutureWarning)
+        with pytest.raises(FutureWarning):
+            torch.cuda.amp.autocast(enabled=False)
+
+
+def test_digits_and_mlp():
+    x, y, xt, yt = digits()
+    assert x.shape[1] == 64 and x.dtype == torch.float32 and 0 <= x.min() and x.max() <= 1
+    assert len(x) + len(xt) == 1797 and y.max() == 9
+    assert mlp((64, 8, 10))(x[:2]).shape == (2, 10)
+    with pytest.raises(ValueError):
+        mlp((64,))
+    with pytest.raises(ValueError):
+        digits(test_fraction=1.5)
+
+
+class AlwaysEqual:
+    def __eq__(self, other):
+        return True
+
+    __hash__ = None
+
+
+class FakeTensor(torch.Tensor):
+    def __eq__(self, other):
+        return torch.ones_like(other, dtype=torch.bool)
+
+
+def test_checks_refuse_objects_that_claim_equality():
+    with pytest.raises(checks.CheckFailed, match="should be a float"):
+        checks.check_equal(AlwaysEqual(), 1.0, "x")
+    with pytest.raises(checks.CheckFailed):
+        checks.check_equal([AlwaysEqual()], [1.0], "xs")
+    fake = torch.zeros(3).as_subclass(FakeTensor)
+    with pytest.raises(checks.CheckFailed, match="should be a torch.Tensor"):
+        checks.check_tensor_equal(fake, torch.ones(3), "t")
+
+
+def test_checks_survive_patched_torch(monkeypatch):
+    monkeypatch.setattr(torch, "equal", lambda a, b: True)
+    monkeypatch.setattr(torch, "allclose", lambda *a, **k: True)
+    monkeypatch.setattr(torch, "isclose", lambda a, b, **k: torch.ones_like(a, dtype=torch.bool))
+    with pytest.raises(checks.CheckFailed):
+        checks.check_tensor_equal(torch.zeros(2), torch.ones(2), "t")
+    with pytest.raises(checks.CheckFailed):
+        checks.check_close(torch.zeros(2), torch.ones(2), "t")
+
+
+def test_check_messages_teach():
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check_tensor_equal(
+            torch.tensor([1, 2, 3]),
+            torch.tensor([1, 5, 3]),
+            "the codes",
+            inputs=torch.tensor([0.1, 0.2, 0.3]),
+        )
+    msg = str(info.value)
+    assert "1 of 3" in msg and "index [1]" in msg and "expected 5, got 2" in msg and "0.2" in msg
+    with pytest.raises(checks.CheckFailed, match="dtype torch.int64, got torch.int32"):
+        checks.check_tensor_equal(torch.tensor([1], dtype=torch.int32), torch.tensor([1]), "c")
+    with pytest.raises(checks.CheckFailed, match="should raise ValueError, but returned 3"):
+        checks.check_raises(ValueError, lambda: 3, "f()")
+    with pytest.raises(checks.CheckFailed, match="within"):
+        checks.check_close(1.5, 1.0, "x")
+    checks.check_close(float("nan"), float("nan"), "nan")
+    checks.check_tensor_equal(torch.tensor([math.nan]), torch.tensor([math.nan]), "nan")
+    with pytest.raises(checks.CheckFailed):
+        checks.check(1, "truthy is not True")
+
+
+@pytest.fixture(scope="module")
+def grads():
+    return trained_gradients(steps=40)[0]
+
+
+def test_loss_scale_widget_moves_with_its_slider(grads):
+    calls = []
+
+    def fraction(gs, scale):
+        calls.append(scale)
+        return 0.25
+
+    explorer = LossScaleExplorer(grads, fraction, log2_scale=0)
+    heights, text = list(explorer.heights), explorer.stats.value
+    explorer.slider.value = 20
+    assert calls == [1.0, 2.0**20]
+    assert explorer.heights != heights, "the histogram did not move"
+    assert explorer.stats.value != text and "2<sup>20</sup>" in explorer.stats.value
+    assert "25.00%" in explorer.stats.value
+
+
+def test_loss_scale_widget_tells_students_to_write_their_function(grads):
+    def unwritten(gs, scale):
+        raise NotImplementedError()
+
+    explorer = LossScaleExplorer(grads, unwritten)
+    assert "write <code>underflow_fraction</code>" in explorer.stats.value
+    with pytest.raises(ValueError):
+        LossScaleExplorer([])
+
+
+def test_overflow_fraction_counts_infs_after_scaling():
+    g = [torch.tensor([1.0, 2.0, 0.0, 40000.0])]
+    assert overflow_fraction(g, 1.0) == 0.0
+    assert overflow_fraction(g, 2.0) == pytest.approx(1 / 3)
+    assert overflow_fraction(g, 2.0**15) == pytest.approx(2 / 3)

@@ -1,0 +1,41 @@
+"""Project plumbing: dependencies agree, the README's commands are the ones CI runs."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+
+from grader import REPO_ROOT
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+
+
+def _environment_pip() -> list[str]:
+    lines = (REPO_ROOT / "environment.yml").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "- pip:")
+    return [
+        line.strip()[2:].strip() for line in lines[start + 1 :] if line.strip().startswith("- ")
+    ]
+
+
+def test_environment_yml_agrees_with_pyproject():
+    deps = sorted(_pyproject()["project"]["dependencies"])
+    assert sorted(_environment_pip()) == deps
+    names = {re.split(r"[<>=!~ \[]", d)[0].lower() for d in deps}
+    assert {"torch", "jupyterlab", "nbgrader", "matplotlib", "ipywidgets"} <= names
+
+
+def test_readme_quick_start_is_what_ci_runs():
+    readme = (REPO_ROOT / "README.md").read_text()
+    ci = (REPO_ROOT / ".ci" / "run").read_text()
+    assert "python3 run.py lab" in readme
+    assert "python3 run.py test" in readme
+    assert re.search(r"^python3 run\.py test$", ci, re.M), ".ci/run must call the README command"
+
+
+def test_ignored_runtime_state():
+    ignored = (REPO_ROOT / ".gitignore").read_text().split()
+    for name in ("submitted/", "autograded/", "feedback/", "gradebook.db", ".venv/"):
+        assert name in ignored
