@@ -9,12 +9,20 @@ from tests.conftest import LESSON_IDS, WRONG_VARIANTS, outputs_text
 
 pytestmark = pytest.mark.lesson
 
+#: One xdist group per lesson, so a lesson's tests share one worker and one autograde run.
+LESSONS = [pytest.param(lesson, marks=pytest.mark.xdist_group(lesson)) for lesson in LESSON_IDS]
+VARIANTS = [
+    pytest.param(lesson, name, marks=pytest.mark.xdist_group(lesson))
+    for lesson, variants in WRONG_VARIANTS.items()
+    for name in variants
+]
+
 
 def _auto(cells):
     return {gid: c for gid, c in cells.items() if c.auto or gid.endswith("_tests")}
 
 
-@pytest.mark.parametrize("lesson", LESSON_IDS)
+@pytest.mark.parametrize("lesson", LESSONS)
 def test_solution_earns_full_marks(graded, lesson):
     cells = graded.scores(lesson)["solution"]
     tests = {gid: c for gid, c in cells.items() if gid.endswith("_tests")}
@@ -23,7 +31,7 @@ def test_solution_earns_full_marks(graded, lesson):
     assert not lost, f"{lesson}: the solution loses points on {lost}"
 
 
-@pytest.mark.parametrize("lesson", LESSON_IDS)
+@pytest.mark.parametrize("lesson", LESSONS)
 def test_unfilled_release_earns_zero(graded, lesson):
     cells = graded.scores(lesson)["unfilled"]
     earned = {gid: c.score for gid, c in cells.items() if c.score != 0}
@@ -31,14 +39,14 @@ def test_unfilled_release_earns_zero(graded, lesson):
     assert any(c.max_score > 0 for c in cells.values())
 
 
-@pytest.mark.parametrize("lesson", LESSON_IDS)
+@pytest.mark.parametrize("lesson", LESSONS)
 def test_lesson_has_written_question_graded_by_hand(graded, lesson):
     cells = graded.scores(lesson)["solution"]
     manual = [gid for gid, c in cells.items() if not c.auto]
     assert manual, f"{lesson} has no written answer left for manual grading"
 
 
-@pytest.mark.parametrize("lesson", LESSON_IDS)
+@pytest.mark.parametrize("lesson", LESSONS)
 def test_solution_runs_without_errors_or_torch_deprecations(graded, lesson):
     nb = graded.executed(lesson, "solution")
     errors = [
@@ -53,10 +61,7 @@ def test_solution_runs_without_errors_or_torch_deprecations(graded, lesson):
         assert word not in text, f"{lesson} printed a {word}:\n{text}"
 
 
-@pytest.mark.parametrize(
-    "lesson,variant",
-    [(lesson, name) for lesson, variants in WRONG_VARIANTS.items() for name in variants],
-)
+@pytest.mark.parametrize("lesson,variant", VARIANTS)
 def test_wrong_exercise_loses_exactly_its_points(graded, lesson, variant):
     grade_id = WRONG_VARIANTS[lesson][variant][0]
     scores = graded.scores(lesson)
