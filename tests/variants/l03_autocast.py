@@ -1,0 +1,178 @@
+"""Wrong answers to lesson 03's exercises that the graders must reject."""
+
+LESSON = "03-autocast"
+
+VARIANTS = {
+    "trace_leaves_hooks_on_error": (
+        "trace_dtypes",
+        """
+def trace_dtypes(model, inputs, device_type, dtype):
+    # Wrong: no try/finally, so a forward pass that raises leaves every hook on the model.
+    found, handles = {}, []
+    for name, module in model.named_modules():
+        if name:
+            def hook(module, args, output, name=name):
+                if isinstance(output, (tuple, list)):
+                    output = next(t for t in output if isinstance(t, torch.Tensor))
+                found[name] = output.dtype
+            handles.append(module.register_forward_hook(hook))
+    with torch.amp.autocast(device_type, dtype=dtype):
+        model(*inputs)
+    for handle in handles:
+        handle.remove()
+    return found
+""",
+    ),
+    "trace_includes_root": (
+        "trace_dtypes",
+        """
+def trace_dtypes(model, inputs, device_type, dtype):
+    # Wrong: hooks the root module too, so the model itself ('') appears in the result.
+    found, handles = {}, []
+    try:
+        for name, module in model.named_modules():
+            def hook(module, args, output, name=name):
+                if isinstance(output, (tuple, list)):
+                    output = next(t for t in output if isinstance(t, torch.Tensor))
+                found[name] = output.dtype
+            handles.append(module.register_forward_hook(hook))
+        with torch.amp.autocast(device_type, dtype=dtype):
+            model(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+""",
+    ),
+    "trace_records_input_dtype": (
+        "trace_dtypes",
+        """
+def trace_dtypes(model, inputs, device_type, dtype):
+    # Wrong: records the dtype of each module's first input instead of its output.
+    found, handles = {}, []
+    try:
+        for name, module in model.named_modules():
+            if name:
+                def hook(module, args, output, name=name):
+                    found[name] = args[0].dtype
+                handles.append(module.register_forward_hook(hook))
+        with torch.amp.autocast(device_type, dtype=dtype):
+            model(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+""",
+    ),
+    "trace_takes_element_zero": (
+        "trace_dtypes",
+        """
+def trace_dtypes(model, inputs, device_type, dtype):
+    # Wrong: takes output[0] of a tuple even when that element is not a tensor.
+    found, handles = {}, []
+    try:
+        for name, module in model.named_modules():
+            if name:
+                def hook(module, args, output, name=name):
+                    if isinstance(output, (tuple, list)):
+                        output = output[0]
+                    found[name] = output.dtype
+                handles.append(module.register_forward_hook(hook))
+        with torch.amp.autocast(device_type, dtype=dtype):
+            model(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+""",
+    ),
+    "predict_cpu_answer": (
+        "predict_cuda_dtypes",
+        """
+# Wrong: what the CPU measures (everything in low precision), taken for CUDA.
+predict_cuda_dtypes = {name: torch.float16 for name in [
+    "conv", "bn", "relu", "pool", "flatten", "fc1", "norm", "gelu", "block", "block.fc",
+    "block.act", "fc2", "log_probs"]}
+""",
+    ),
+    "predict_batchnorm_float32": (
+        "predict_cuda_dtypes",
+        """
+# Wrong: believes BatchNorm runs in float32 under autocast (it is on no list).
+_h, _s = torch.float16, torch.float32
+predict_cuda_dtypes = {"conv": _h, "bn": _s, "relu": _s, "pool": _s, "flatten": _s, "fc1": _h,
+                       "norm": _s, "gelu": _s, "block": _s, "block.fc": _h, "block.act": _h,
+                       "fc2": _h, "log_probs": _s}
+""",
+    ),
+    "predict_ignores_inherited_dtypes": (
+        "predict_cuda_dtypes",
+        """
+# Wrong: knows the lists, but gives every layer on no list float16 (gelu after layer_norm and the
+# residual add of a float32 and a float16 tensor are float32).
+_h, _s = torch.float16, torch.float32
+predict_cuda_dtypes = {"conv": _h, "bn": _h, "relu": _h, "pool": _h, "flatten": _h, "fc1": _h,
+                       "norm": _s, "gelu": _h, "block": _h, "block.fc": _h, "block.act": _h,
+                       "fc2": _h, "log_probs": _s}
+""",
+    ),
+    "lse_without_max_shift": (
+        "custom_fwd_function",
+        """
+class LogSumExp32(torch.autograd.Function):
+    # Wrong: exponentiates without subtracting the maximum, so large inputs overflow to inf.
+    @staticmethod
+    @torch.amp.custom_fwd(device_type=env.device_type, cast_inputs=torch.float32)
+    def forward(ctx, x):
+        out = x.exp().sum(dim=-1).log()
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type=env.device_type)
+    def backward(ctx, grad):
+        x, out = ctx.saved_tensors
+        return grad.unsqueeze(-1) * (x - out.unsqueeze(-1)).exp()
+""",
+    ),
+    "lse_without_cast_inputs": (
+        "custom_fwd_function",
+        """
+class LogSumExp32(torch.autograd.Function):
+    # Wrong: custom_fwd without cast_inputs, so under CPU autocast the forward runs in bfloat16.
+    @staticmethod
+    @torch.amp.custom_fwd(device_type=env.device_type)
+    def forward(ctx, x):
+        m = x.amax(dim=-1, keepdim=True)
+        out = (x - m).exp().sum(dim=-1).log() + m.squeeze(-1)
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type=env.device_type)
+    def backward(ctx, grad):
+        x, out = ctx.saved_tensors
+        return grad.unsqueeze(-1) * (x - out.unsqueeze(-1)).exp()
+""",
+    ),
+    "lse_gradient_ignores_grad_output": (
+        "custom_fwd_function",
+        """
+class LogSumExp32(torch.autograd.Function):
+    # Wrong: the backward returns the softmax without multiplying by the incoming gradient.
+    @staticmethod
+    @torch.amp.custom_fwd(device_type=env.device_type, cast_inputs=torch.float32)
+    def forward(ctx, x):
+        m = x.amax(dim=-1, keepdim=True)
+        out = (x - m).exp().sum(dim=-1).log() + m.squeeze(-1)
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type=env.device_type)
+    def backward(ctx, grad):
+        x, out = ctx.saved_tensors
+        return (x - out.unsqueeze(-1)).exp()
+""",
+    ),
+}
