@@ -1,0 +1,825 @@
+"""Real processes with ``torch.distributed``, started from a notebook or a script (lesson 06).
+
+:func:`launch` runs ``fn(rank, world_size, *args)`` in ``world_size`` processes joined in one
+process group and returns what each rank returned, in rank order. It is built for teaching
+and grading, where the code under test may be wrong:
+
+- **Start method.** ``gloo`` ranks (CPU) are started with ``fork``: the children inherit the
+  kernel's memory, so functions defined in notebook cells work (``spawn`` would have to pickle
+  them by name, and a notebook's ``__main__`` cannot be imported). ``nccl`` ranks (one GPU
+  each) are started with ``spawn``, because a process that has initialised CUDA cannot be
+  forked safely; their function must then live in an importable module, such as
+  :mod:`course.ddp_train`. Real multi-GPU and multi-node jobs use ``torchrun`` instead (see
+  :mod:`course.ddp_train`).
+- **Rendezvous without ports.** Every launch gets a fresh temporary folder and the ranks meet
+  through a ``FileStore`` in it (``init_method="file://..."``), so launches running in
+  parallel (tests, several notebooks) never collide on a TCP port.
+- **Results and errors.** Each rank writes its result (tensors moved to the CPU) or its
+  exception with the full traceback to its own file; the caller gets the results, or a
+  :class:`RankFailed` naming the rank and carrying its traceback. Each rank's printed output
+  is captured in a file and replayed, prefixed with ``[rank r]``.
+- **No process outlives a launch.** Each rank leads its own process group and asks the kernel
+  to kill it if the launching process dies (``PR_SET_PDEATHSIG``). The launcher waits at most
+  ``timeout`` seconds and stops early when a rank fails; then, whatever happened (success,
+  exception, timeout, ``KeyboardInterrupt``), it sends SIGKILL to every rank's whole process
+  group (which also ends anything a rank started) and reaps every child before returning.
+  The collectives themselves get the same timeout, so a rank left waiting for a peer gives up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import importlib
+import multiprocessing as mp
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import wait as _wait_for
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+#: Seconds a launch may take before every rank is killed (lesson 06).
+DEFAULT_TIMEOUT = 120.0
+#: Seconds the launcher waits for the other ranks after one failed, to report the first cause.
+FAILURE_GRACE = 0.5
+
+_PR_SET_PDEATHSIG = 1
+
+
+class LaunchError(RuntimeError):
+    """A distributed launch did not produce a result from every rank (lesson 06)."""
+
+    def __init__(self, message: str, outputs: dict[int, str] | None = None) -> None:
+        super().__init__(message)
+        #: What each rank printed, by rank.
+        self.outputs = outputs or {}
+
+
+class RankFailed(LaunchError):
+    """A rank raised (or died); ``rank``, ``exc_type`` and ``remote_traceback`` say where/why."""
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        exc_type: str,
+        message: str,
+        remote_traceback: str,
+        original: BaseException | None = None,
+        outputs: dict[int, str] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.exc_type = exc_type
+        self.remote_traceback = remote_traceback
+        #: The exception object raised in the rank, when it could be sent back.
+        self.original = original
+        text = f"rank {rank} of {world_size} raised {exc_type}: {message}"
+        if remote_traceback:
+            text += f"\n\nTraceback from rank {rank}:\n{remote_traceback.rstrip()}"
+        text += "\n\nEvery rank of this launch has been stopped."
+        super().__init__(text, outputs)
+
+
+class LaunchTimeout(LaunchError, TimeoutError):
+    """The ranks did not all finish within the launch's timeout; all were killed (lesson 06)."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Where ranks run: the ``torch.distributed`` backend and the device type of each rank."""
+
+    name: str
+    device_type: str
+
+    def device(self, rank: int) -> torch.device:
+        """The device rank ``rank`` computes on (``cuda:<rank>`` for nccl, else the CPU)."""
+        if self.device_type == "cuda":
+            return torch.device("cuda", rank % max(1, torch.cuda.device_count()))
+        return torch.device("cpu")
+
+
+def pick_backend(world_size: int, prefer: str | None = None) -> Backend:
+    """``nccl`` with one GPU per rank when there are enough GPUs, else ``gloo`` on the CPU.
+
+    ``prefer`` ("gloo" or "nccl") forces a choice. Introduced in lesson 06.
+    """
+    if prefer == "gloo":
+        return Backend("gloo", "cpu")
+    enough = torch.cuda.is_available() and torch.cuda.device_count() >= world_size
+    if prefer == "nccl" and not enough:
+        raise RuntimeError(
+            f"nccl needs one GPU per rank: {world_size} ranks asked for, "
+            f"{torch.cuda.device_count()} GPUs visible"
+        )
+    return Backend("nccl", "cuda") if enough else Backend("gloo", "cpu")
+
+
+def describe_backend(backend: Backend, world_size: int) -> str:
+    """One line saying how many ranks run where, printed beside distributed results (lesson 06)."""
+    if backend.name == "nccl":
+        names = sorted({torch.cuda.get_device_name(i) for i in range(world_size)})
+        return f"{world_size} ranks on {world_size} GPUs ({', '.join(names)}), backend nccl"
+    return f"{world_size} CPU processes on this machine, backend gloo, torch {torch.__version__}"
+
+
+def rank_device() -> torch.device:
+    """Inside a rank: the device this rank should use (its GPU for nccl, else the CPU)."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+# --------------------------------------------------------------------------------------------
+# The child side
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (no orphans if the kernel dies)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _to_cpu(value: Any) -> Any:
+    """``value`` with every tensor detached, copied to the CPU and made compact."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True).contiguous()
+    if isinstance(value, dict):
+        items = [(k, _to_cpu(v)) for k, v in value.items()]
+        try:
+            return type(value)(items)
+        except TypeError:
+            return dict(items)
+    if isinstance(value, list):
+        return [_to_cpu(v) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_to_cpu(v) for v in value)
+    return value
+
+
+def _write(path: Path, payload: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def _child(
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    args: tuple,
+    backend: str,
+    workdir: str,
+    timeout: float,
+    parent_pid: int,
+    threads: int | None,
+) -> None:
+    """Body of every rank: isolate, join the group, run ``fn``, report, exit."""
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    _die_with_parent(parent_pid)
+    folder = Path(workdir)
+    log = os.open(folder / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    sys.stderr = sys.stdout
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
+    code = 0
+    try:
+        if threads:
+            torch.set_num_threads(threads)
+        if backend == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group(
+            backend,
+            init_method=(folder / "store").as_uri(),
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
+        payload = {"ok": True, "result": _to_cpu(fn(rank, world_size, *args))}
+        try:
+            _write(folder / f"rank{rank}.pt", payload)
+        except Exception as exc:  # noqa: BLE001 - reported to the caller below
+            raise RuntimeError(
+                f"rank {rank}'s result could not be sent back (return tensors, numbers, "
+                f"lists and dicts): {type(exc).__name__}: {exc}"
+            ) from exc
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported, then we exit
+        code = 1
+        try:
+            original = pickle.dumps(exc)
+            pickle.loads(original)
+        except Exception:  # noqa: BLE001 - not every exception survives pickling
+            original = None
+        payload = {
+            "ok": False,
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "traceback": traceback.format_exc(),
+            "exception": original,
+        }
+        with contextlib.suppress(Exception):
+            _write(folder / f"rank{rank}.pt", payload)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    if code == 0:
+        # Leave together, so that no rank tears down a connection a peer is still reading.
+        with contextlib.suppress(Exception):
+            dist.barrier()
+            dist.destroy_process_group()
+    os._exit(code)
+
+
+# --------------------------------------------------------------------------------------------
+# The parent side
+
+
+def _importable(fn: Callable[..., Any]) -> bool:
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", "")
+    return bool(module) and module != "__main__" and "<" not in qualname
+
+
+def _read_outcome(folder: Path, rank: int) -> dict | None:
+    path = folder / f"rank{rank}.pt"
+    if not path.exists():
+        return None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception:  # noqa: BLE001 - a half-written file counts as no result
+        return None
+
+
+def _kill_all(procs: Sequence[Any]) -> None:
+    """SIGKILL every rank's process group (the rank and anything it started), then reap."""
+    for proc in procs:
+        if proc.pid is None:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            proc.kill()
+    for proc in procs:
+        with contextlib.suppress(Exception):
+            proc.join(timeout=30)
+
+
+def _outputs(folder: Path, world_size: int) -> dict[int, str]:
+    texts = {}
+    for rank in range(world_size):
+        path = folder / f"rank{rank}.log"
+        with contextlib.suppress(OSError):
+            texts[rank] = path.read_text(encoding="utf-8", errors="replace")
+    return texts
+
+
+def _replay(outputs: dict[int, str]) -> None:
+    for rank, text in sorted(outputs.items()):
+        for line in text.splitlines():
+            print(f"[rank {rank}] {line}")
+
+
+def _is_comm_error(outcome: dict) -> bool:
+    """Errors a rank gets because a *peer* failed (a closed connection, a collective timeout)."""
+    text = f"{outcome.get('type', '')} {outcome.get('message', '')}"
+    return outcome.get("type", "").startswith("Dist") or any(
+        word in text for word in ("Connection closed", "Connection reset", "Timed out", "timed out")
+    )
+
+
+#: Modules DDP and the optimizers import on first use (torch._dynamo pulls in sympy: seconds).
+#: Imported once in the parent, forked ranks inherit them instead of each importing them again.
+PRELOAD = ("torch._dynamo", "torch.nn.parallel", "torch.distributed.algorithms.ddp_comm_hooks")
+
+
+def _preload() -> None:
+    for name in PRELOAD:
+        importlib.import_module(name)
+
+
+def launch(
+    fn: Callable[..., Any],
+    world_size: int = 2,
+    args: tuple = (),
+    *,
+    backend: str = "gloo",
+    timeout: float = DEFAULT_TIMEOUT,
+    start_method: str | None = None,
+    threads: int | None = None,
+    show_output: bool = True,
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes; return each rank's result.
+
+    The ranks are already in one default process group (``backend``, joined through a
+    ``FileStore`` in a fresh temporary folder) when ``fn`` starts. Results come back in rank
+    order with tensors on the CPU. If a rank raises or dies, the others are stopped and
+    :class:`RankFailed` is raised with that rank's traceback; if the ranks have not all finished
+    after ``timeout`` seconds, every one is killed and :class:`LaunchTimeout` is raised. In every
+    case no process of the launch is left running when this function returns or raises.
+
+    ``start_method`` defaults to ``fork`` for gloo (so notebook functions work) and ``spawn``
+    for nccl (``fn`` must then be importable from a module). Forked ranks compute on one thread
+    each (GNU OpenMP cannot be used across fork); ``threads`` sets the torch thread count of
+    spawned ranks. Printed output
+    of the ranks is replayed with a ``[rank r]`` prefix when ``show_output``. Introduced in
+    lesson 06.
+    """
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    if backend == "nccl":
+        pick_backend(world_size, prefer="nccl")  # raises when there are too few GPUs
+    method = start_method or ("spawn" if backend == "nccl" else "fork")
+    if method != "fork" and not _importable(fn):
+        raise ValueError(
+            f"{getattr(fn, '__qualname__', fn)!r} is defined in a notebook cell (or inside a "
+            f"function), so '{method}' cannot send it to a new process. Put it in a .py module "
+            "and import it, or run it on gloo ranks, which are forked."
+        )
+    if method == "fork":
+        # GNU OpenMP's thread pool does not survive fork(): a forked rank that runs torch ops
+        # on more than one thread can hang forever once the parent has used its pool.
+        if threads not in (None, 1):
+            raise ValueError(f"forked ranks run on one thread each; threads={threads!r}")
+        threads = 1
+    if method == "fork":
+        _preload()
+    ctx = mp.get_context(method)
+    folder = Path(tempfile.mkdtemp(prefix="course-dist-"))
+    procs: list[Any] = []
+    outputs: dict[int, str] = {}
+    try:
+        with warnings.catch_warnings():
+            # Python 3.12+ warns on fork() in a process with threads (Jupyter's kernel has a
+            # few). The ranks only run torch code in the forking thread's copy, then _exit.
+            warnings.filterwarnings("ignore", message=r".*fork\(\)", category=DeprecationWarning)
+            for rank in range(world_size):
+                proc = ctx.Process(
+                    target=_child,
+                    args=(
+                        fn,
+                        rank,
+                        world_size,
+                        tuple(args),
+                        backend,
+                        str(folder),
+                        timeout,
+                        os.getpid(),
+                        threads,
+                    ),
+                    name=f"course-rank-{rank}",
+                    daemon=False,
+                )
+                proc.start()
+                procs.append(proc)
+                with contextlib.suppress(OSError):
+                    os.setpgid(proc.pid, proc.pid)  # also set by the child: no race either way
+        outcomes = _supervise(procs, folder, world_size, timeout)
+    except LaunchError as exc:
+        _kill_all(procs)
+        outputs = _outputs(folder, world_size)
+        exc.outputs = outputs
+        if show_output:
+            _replay(outputs)
+        raise
+    finally:
+        _kill_all(procs)
+        if not outputs:
+            outputs = _outputs(folder, world_size)
+        shutil.rmtree(folder, ignore_errors=True)
+    if show_output:
+        _replay(outputs)
+    return [outcomes[rank]["result"] for rank in range(world_size)]
+
+
+def _supervise(procs: list[Any], folder: Path, world_size: int, timeout: float) -> dict:
+    """Wait for the ranks; stop at the first failure or at the deadline."""
+    deadline = time.monotonic() + timeout
+    pending = {proc.sentinel: rank for rank, proc in enumerate(procs)}
+    outcomes: dict[int, dict] = {}
+    failed_at: float | None = None
+    while pending:
+        now = time.monotonic()
+        if failed_at is not None and (now - failed_at > FAILURE_GRACE or not pending):
+            break
+        if now >= deadline:
+            if failed_at is not None:
+                break
+            running = sorted(pending.values())
+            raise LaunchTimeout(
+                f"rank(s) {running} of {world_size} had not finished after {timeout:g} s, so "
+                "every rank was killed. A rank that waits in a collective (all_reduce, "
+                "barrier, DDP's backward) for a peer that never joins it waits forever: check "
+                "that every rank makes the same collective calls in the same order."
+            )
+        wait_for = min(deadline - now, 0.25)
+        if failed_at is not None:
+            wait_for = min(wait_for, FAILURE_GRACE)
+        for sentinel in _wait_for(list(pending), timeout=max(wait_for, 0.0)):
+            rank = pending.pop(sentinel)
+            outcome = _read_outcome(folder, rank)
+            if outcome is None:
+                procs[rank].join(timeout=1)
+                outcome = {
+                    "ok": False,
+                    "type": "ProcessDied",
+                    "message": f"the process exited (code {procs[rank].exitcode}) without "
+                    "reporting a result: killed by a signal, out of memory, or os._exit()",
+                    "traceback": "",
+                    "exception": None,
+                }
+            outcomes[rank] = outcome
+            if not outcome["ok"] and failed_at is None:
+                failed_at = time.monotonic()
+    failures = {r: o for r, o in outcomes.items() if not o["ok"]}
+    if failures:
+        # Report the root cause: a rank whose error is not just "my peer went away".
+        causes = [r for r, o in sorted(failures.items()) if not _is_comm_error(o)]
+        rank = causes[0] if causes else min(failures)
+        o = failures[rank]
+        original = None
+        if o.get("exception") is not None:
+            with contextlib.suppress(Exception):
+                original = pickle.loads(o["exception"])
+        raise RankFailed(
+            rank, world_size, o["type"], o["message"], o.get("traceback", ""), original
+        )
+    return outcomes
+
+
+def child_pids() -> list[int]:
+    """PIDs of this process's living descendants (psutil when installed, else /proc).
+
+    Used by the tests to check that a launch leaves no process behind. Introduced in lesson 06.
+    """
+    try:
+        import psutil
+    except ImportError:
+        psutil = None
+    if psutil is not None:
+        found = []
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if child.status() != psutil.STATUS_ZOMBIE:
+                    found.append(child.pid)
+        return found
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = (entry / "stat").read_text()
+                fields = stat[stat.rindex(")") + 2 :].split()
+                if fields[0] != "Z":
+                    parents[int(entry.name)] = int(fields[1])
+    mine, frontier = [], {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, ppid in parents.items() if ppid in frontier}
+        mine.extend(sorted(frontier))
+    return mine
+
+
+# --------------------------------------------------------------------------------------------
+# Instruments the graders use inside a rank
+
+
+class AllReduceCount:
+    """What :func:`count_ddp_allreduces` saw: DDP models built and all-reduce calls made."""
+
+    def __init__(self) -> None:
+        self.models = 0
+        self.calls = 0
+
+
+@contextlib.contextmanager
+def count_ddp_allreduces():
+    """Inside a rank: count the gradient all-reduces of every DDP model built in the block.
+
+    Every ``DistributedDataParallel`` constructed inside the ``with`` block gets a comm hook
+    that all-reduces exactly as DDP does by default and counts one call per gradient bucket.
+    (So the code under test must not register a comm hook of its own.) Introduced in lesson 06.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    count = AllReduceCount()
+    original = DistributedDataParallel.__init__
+
+    def counting_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        count.models += 1
+
+        def hook(state, bucket):  # no annotations: DDP rejects string annotations on hooks
+            count.calls += 1
+            return default_hooks.allreduce_hook(None, bucket)
+
+        self.register_comm_hook(None, hook)
+
+    DistributedDataParallel.__init__ = counting_init
+    try:
+        yield count
+    finally:
+        DistributedDataParallel.__init__ = original
+
+
+#: The ``torch.distributed`` collectives :func:`record_collectives` watches.
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "reduce",
+    "all_to_all_single",
+)
+
+
+def _tensors_in(values) -> list[torch.Tensor]:
+    found = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(_tensors_in(value))
+    return found
+
+
+@contextlib.contextmanager
+def record_collectives():
+    """Inside a rank: record ``(collective, dtype)`` for every tensor sent in the block.
+
+    Watches the functions in :data:`COLLECTIVES` as attributes of ``torch.distributed`` (code
+    that calls ``dist.all_reduce(...)`` is seen; a name imported before the block is not).
+    Yields the list the records are appended to. Introduced in lesson 06.
+    """
+    records: list[tuple[str, torch.dtype]] = []
+    originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+
+    def spy(name, function):
+        def wrapper(*args, **kwargs):
+            for tensor in _tensors_in(list(args) + list(kwargs.values())):
+                records.append((name, tensor.dtype))
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    for name, function in originals.items():
+        setattr(dist, name, spy(name, function))
+    try:
+        yield records
+    finally:
+        for name, function in originals.items():
+            setattr(dist, name, function)
+
+
+# --------------------------------------------------------------------------------------------
+# What the graded worker trains
+
+
+@dataclass(frozen=True)
+class AmpDDPConfig:
+    """What ``ddp_amp_worker`` trains: model, data, optimizer and scaler settings (lesson 06).
+
+    Every rank builds the same model from ``seed`` and draws the same *global* batch for a step
+    with :meth:`batch`; rank ``r`` of ``W`` trains on the ``r``-th of ``W`` equal contiguous
+    chunks of it, split into ``accum_steps`` equal micro-batches. ``amp_dtype`` float32 means
+    autocast is off (``amp_enabled`` is False). ``poison`` lists ``(step, index)`` pairs: that
+    row of that step's global batch is set to inf, so whichever rank holds it overflows.
+    """
+
+    sizes: tuple[int, ...] = (16, 32, 4)
+    steps: int = 4
+    global_batch: int = 32
+    accum_steps: int = 2
+    lr: float = 0.1
+    momentum: float = 0.9
+    amp_dtype: torch.dtype = torch.float16
+    device_type: str = "cpu"
+    init_scale: float = 2.0**10
+    growth_interval: int = 2
+    seed: int = 0
+    poison: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.global_batch % self.accum_steps:
+            raise ValueError(
+                f"global_batch {self.global_batch} is not a multiple of accum_steps "
+                f"{self.accum_steps}"
+            )
+
+    @property
+    def amp_enabled(self) -> bool:
+        """Whether autocast is on (False when ``amp_dtype`` is float32)."""
+        return self.amp_dtype != torch.float32
+
+    def micro_batch_size(self, world_size: int) -> int:
+        """Rows per micro-batch on each rank; ValueError if the batch does not split evenly."""
+        if self.global_batch % (world_size * self.accum_steps):
+            raise ValueError(
+                f"a global batch of {self.global_batch} does not split into {world_size} ranks "
+                f"x {self.accum_steps} micro-batches"
+            )
+        return self.global_batch // (world_size * self.accum_steps)
+
+    def make_model(self) -> nn.Module:
+        """The model, in float32 on the CPU; the same weights on every call."""
+        torch.manual_seed(self.seed)
+        layers: list[nn.Module] = []
+        for i, (n_in, n_out) in enumerate(zip(self.sizes[:-1], self.sizes[1:], strict=True)):
+            layers.append(nn.Linear(n_in, n_out))
+            if i < len(self.sizes) - 2:
+                layers.append(nn.ReLU())
+        return nn.Sequential(*layers)
+
+    def make_optimizer(self, params) -> torch.optim.Optimizer:
+        """SGD with momentum over ``params``."""
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum)
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The global batch ``(x, y)`` of optimizer step ``step`` (float32 and long, CPU)."""
+        gen = torch.Generator().manual_seed(self.seed * 100_003 + step)
+        x = torch.randn(self.global_batch, self.sizes[0], generator=gen)
+        y = torch.randint(0, self.sizes[-1], (self.global_batch,), generator=gen)
+        for poison_step, index in self.poison:
+            if poison_step == step:
+                x[index] = float("inf")
+        return x, y
+
+    @staticmethod
+    def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over the rows given."""
+        return nn.functional.cross_entropy(logits, target)
+
+
+def amp_tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """``(rtol, atol)`` for comparing a distributed run with a one-process run (lesson 06).
+
+    Splitting a batch over ranks and micro-batches changes the order of roundings; in float32
+    that costs a few ulps, under bfloat16 or float16 autocast more. The graders use these.
+    """
+    if dtype == torch.float32:
+        return 1e-4, 1e-5
+    if dtype == torch.bfloat16:
+        return 2e-2, 2e-3
+    return 5e-3, 5e-4
+
+
+# --------------------------------------------------------------------------------------------
+# The lesson's widget
+
+
+class DDPExplorer:
+    """Lesson 06's widget: world size and accumulation controls over a live data-parallel run.
+
+    Every change launches a short run of :func:`course.ddp_train.train_worker` (real processes)
+    and redraws each rank's loss and loss scale, with the all-reduce calls and bytes per step.
+    The results of the last run are kept in ``results`` so tests can drive the controls and
+    see what changed.
+    """
+
+    GLOBAL_BATCH = 192  # splits evenly into 1-4 ranks x 1, 2, 4 or 8 micro-batches
+    POISON_STEP = 5
+
+    def __init__(
+        self,
+        data: tuple[torch.Tensor, torch.Tensor] | None = None,
+        world_size: int = 2,
+        accum_steps: int = 2,
+        poison: bool = False,
+        steps: int = 12,
+        backend: str | None = None,
+    ) -> None:
+        import ipywidgets as W
+
+        from course.ddp_train import digits_train
+        from course.plotting import new_figure
+
+        self.data = digits_train() if data is None else data
+        self.steps = steps
+        self.backend = backend
+        self.results: list[dict] = []
+        self.world_size = W.IntSlider(
+            value=world_size, min=1, max=4, description="world size", continuous_update=False
+        )
+        self.accum_steps = W.Dropdown(
+            options=[1, 2, 4, 8], value=accum_steps, description="micro-batches"
+        )
+        self.poison = W.Checkbox(
+            value=poison, description=f"inf on the last rank at step {self.POISON_STEP}"
+        )
+        self.stats = W.HTML()
+        self.output = W.Output()
+        self.figure, (self.ax_loss, self.ax_scale) = new_figure(9.5, 3.4, ncols=2)
+        for control in (self.world_size, self.accum_steps, self.poison):
+            control.observe(lambda change: self.update(), names="value")
+        self.widget = W.VBox(
+            [W.HBox([self.world_size, self.accum_steps, self.poison]), self.stats, self.output]
+        )
+        self.update()
+
+    def spec(self):
+        """The :class:`course.ddp_train.TrainSpec` the controls describe."""
+        from course.ddp_train import TrainSpec
+
+        ws = self.world_size.value
+        poison = ((self.POISON_STEP, ws - 1),) if self.poison.value else ()
+        return TrainSpec(
+            steps=self.steps,
+            global_batch=self.GLOBAL_BATCH,
+            accum_steps=self.accum_steps.value,
+            init_scale=2.0**16,
+            growth_interval=4,
+            poison=poison,
+        )
+
+    def update(self) -> None:
+        """Run the ranks with the current controls and redraw."""
+        from IPython.display import display
+
+        from course.ddp_train import train_worker
+
+        ws = self.world_size.value
+        backend = pick_backend(ws, self.backend)
+        spec = self.spec()
+        try:
+            self.results = launch(
+                train_worker,
+                ws,
+                (spec, self.data),
+                backend=backend.name,
+                timeout=120,
+                show_output=False,
+            )
+        except LaunchError as exc:
+            self.results = []
+            self.stats.value = f"<pre>the launch failed: {exc}</pre>"
+            return
+        steps = range(spec.steps)
+        self.ax_loss.clear()
+        self.ax_scale.clear()
+        for res in self.results:
+            self.ax_loss.plot(steps, res["losses"], marker=".", label=f"rank {res['rank']}")
+            self.ax_scale.step(
+                steps,
+                res["scales"],
+                where="post",
+                label=f"rank {res['rank']}",
+                linewidth=2 + 2 * (ws - 1 - res["rank"]),
+                alpha=0.7,
+            )
+        self.ax_loss.set(xlabel="optimizer step", ylabel="local loss", title="each rank's loss")
+        self.ax_scale.set(
+            xlabel="optimizer step",
+            ylabel="scale after the step",
+            yscale="log",
+            title="each rank's loss scale",
+        )
+        self.ax_loss.legend(fontsize="small")
+        self.ax_scale.legend(fontsize="small")
+        r0 = self.results[0]
+        skipped = [s for s, flag in enumerate(r0["skipped"]) if flag]
+        same = len({res["digest"] for res in self.results}) == 1
+        micro = spec.global_batch // (ws * spec.accum_steps)
+        self.stats.value = (
+            f"{describe_backend(backend, ws)}<br>"
+            f"{spec.global_batch} samples per step = {ws} rank(s) x {spec.accum_steps} "
+            f"micro-batch(es) of {micro}; all-reduce calls per step: <b>{r0['calls'][-1]}</b> "
+            f"({r0['bytes'][-1] / 1024:.0f} KiB); skipped steps: <b>{skipped or 'none'}</b>; "
+            f"final weights {'<b>identical</b>' if same else '<b>DIFFERENT</b>'} on every rank"
+        )
+        with self.output:
+            self.output.clear_output(wait=True)
+            display(self.figure)
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)

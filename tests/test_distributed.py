@@ -1,0 +1,426 @@
+"""Lesson 06's launcher, training worker, graders' instruments and widget (real processes)."""
+
+from __future__ import annotations
+
+import _thread
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from course.ddp_train import (
+    TrainSpec,
+    fp16_sum_worker,
+    hello_worker,
+    main,
+    train_single,
+    train_worker,
+)
+from course.distributed import (
+    AmpDDPConfig,
+    DDPExplorer,
+    LaunchTimeout,
+    RankFailed,
+    amp_tolerance,
+    child_pids,
+    count_ddp_allreduces,
+    launch,
+    pick_backend,
+    record_collectives,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = TrainSpec(steps=3, global_batch=64, accum_steps=2, sizes=(64, 32, 10))
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a running (not zombie) process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def _leftovers() -> list[int]:
+    """Our descendants, except the resource tracker that ``spawn`` starts once per process
+    (it belongs to multiprocessing and exits with us)."""
+    found = []
+    for pid in child_pids():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"resource_tracker" not in cmdline:
+            found.append(pid)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    """Every test must leave no child process behind."""
+    yield
+    deadline = time.monotonic() + 5
+    while _leftovers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _leftovers() == [], f"processes left behind: {_leftovers()}"
+
+
+# ------------------------------------------------------------------------------------------
+# The launcher
+
+
+def _rank_sum(rank, world_size, offset):
+    t = torch.tensor([float(rank + offset)])
+    dist.all_reduce(t)
+    print(f"rank {rank} says hi")
+    return {"rank": rank, "world_size": world_size, "sum": t, "view": torch.arange(10)[2:4]}
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_launch_returns_each_ranks_result_in_rank_order(world_size, capsys):
+    results = launch(_rank_sum, world_size, (10,), timeout=60)
+    assert [r["rank"] for r in results] == list(range(world_size))
+    expected = sum(range(10, 10 + world_size))
+    for r in results:
+        assert r["world_size"] == world_size
+        assert r["sum"].item() == expected
+        assert r["view"].tolist() == [2, 3] and r["view"].untyped_storage().size() == 2 * 8
+    out = capsys.readouterr().out
+    for rank in range(world_size):
+        assert f"[rank {rank}] rank {rank} says hi" in out
+
+
+def _raise_on_rank_1(rank, world_size):
+    if rank == 1:
+        raise KeyError("missing thing on rank 1")
+    dist.barrier()  # rank 0 would wait here forever
+    return rank
+
+
+def test_an_exception_in_one_rank_stops_all_ranks_with_its_traceback():
+    start = time.monotonic()
+    with pytest.raises(RankFailed) as info:
+        launch(_raise_on_rank_1, 2, timeout=60, show_output=False)
+    assert time.monotonic() - start < 20, "the launcher waited for the stuck rank"
+    exc = info.value
+    assert exc.rank == 1 and exc.world_size == 2 and exc.exc_type == "KeyError"
+    assert "_raise_on_rank_1" in exc.remote_traceback
+    assert "missing thing on rank 1" in str(exc) and "Traceback from rank 1" in str(exc)
+    assert isinstance(exc.original, KeyError)
+
+
+def _hang_and_start_grandchildren(rank, world_size, folder):
+    child = subprocess.Popen(["sleep", "300"])
+    Path(folder, f"grandchild{rank}").write_text(str(child.pid))
+    Path(folder, f"rank{rank}").write_text(str(os.getpid()))
+    if rank == 0:
+        dist.barrier()  # rank 1 never joins
+    else:
+        while True:
+            time.sleep(1)
+
+
+def test_a_hanging_rank_is_killed_at_the_timeout_with_everything_it_started(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeout) as info:
+        launch(_hang_and_start_grandchildren, 2, (str(tmp_path),), timeout=3, show_output=False)
+    elapsed = time.monotonic() - start
+    assert 3 <= elapsed < 20
+    assert "[0, 1]" in str(info.value)
+    pids = [int(p.read_text()) for p in sorted(tmp_path.iterdir())]
+    assert len(pids) == 4
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in pids if _alive(pid)], "a rank or its child outlived the launch"
+
+
+def _dies_hard(rank, world_size):
+    if rank == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+
+
+def test_a_rank_killed_by_a_signal_is_reported():
+    with pytest.raises(RankFailed) as info:
+        launch(_dies_hard, 2, timeout=60, show_output=False)
+    assert info.value.rank == 0 and info.value.exc_type == "ProcessDied"
+    assert "-9" in str(info.value)
+
+
+def _sleep_forever(rank, world_size):
+    while True:
+        time.sleep(1)
+
+
+def test_keyboard_interrupt_in_the_launcher_kills_every_rank():
+    timer = threading.Timer(1.5, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            launch(_sleep_forever, 2, timeout=60, show_output=False)
+    finally:
+        timer.cancel()
+    assert _leftovers() == []
+
+
+def test_ranks_die_with_a_killed_launcher(tmp_path):
+    """SIGKILL the process that launched: its ranks must not live on as orphans."""
+    script = f"""
+import os, sys, time
+from pathlib import Path
+from course.distributed import launch
+
+def worker(rank, world_size):
+    Path({str(tmp_path)!r}, f"rank{{rank}}").write_text(str(os.getpid()))
+    while True:
+        time.sleep(1)
+
+launch(worker, 2, timeout=120)
+"""
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+            assert parent.poll() is None, "the launching script exited early"
+            time.sleep(0.1)
+        pids = [int(p.read_text()) for p in tmp_path.iterdir() if p.read_text()]
+        assert len(pids) == 2
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in pids if _alive(pid)], "ranks outlived their launcher"
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_parallel_launches_do_not_collide():
+    results: dict[int, list] = {}
+
+    def run(key):
+        results[key] = launch(_rank_sum, 2, (key,), timeout=60, show_output=False)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in (100, 200)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert results[100][0]["sum"].item() == 201 and results[200][1]["sum"].item() == 401
+
+
+def test_spawn_refuses_functions_it_cannot_import():
+    with pytest.raises(ValueError, match="cannot send it to a new process"):
+        launch(lambda rank, world_size: rank, 2, start_method="spawn")
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError):
+        launch(_rank_sum, 0)
+    with pytest.raises(ValueError):
+        launch(_rank_sum, 2, (0,), backend="mpi")
+    with pytest.raises(ValueError):
+        launch(_rank_sum, 2, (0,), threads=4)
+
+
+def test_pick_backend_on_this_machine():
+    backend = pick_backend(2)
+    if torch.cuda.device_count() >= 2:
+        assert backend.name == "nccl"
+    else:
+        assert (backend.name, backend.device_type) == ("gloo", "cpu")
+    assert pick_backend(2, prefer="gloo").name == "gloo"
+    if torch.cuda.device_count() < 2:
+        with pytest.raises(RuntimeError):
+            pick_backend(2, prefer="nccl")
+
+
+def test_child_pids_sees_a_child_and_forgets_it():
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        assert proc.pid in child_pids()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.pid not in child_pids()
+
+
+# ------------------------------------------------------------------------------------------
+# The training worker and the experiments' facts
+
+
+def test_ddp_matches_one_process_on_the_whole_batch_in_float32():
+    spec = replace(SMALL, amp_dtype="float32")
+    ranks = launch(train_worker, 2, (spec,), timeout=120, show_output=False)
+    single = train_single(spec)
+    assert ranks[0]["digest"] == ranks[1]["digest"]
+    assert torch.allclose(ranks[0]["params"], single["params"], rtol=1e-5, atol=1e-6)
+    assert ranks[0]["calls"] == [1, 1, 1]
+
+
+def test_no_sync_saves_all_reduces_and_fp16_compress_halves_the_bytes():
+    results = {}
+    for name, spec in {
+        "no_sync": replace(SMALL, accum_steps=4),
+        "sync": replace(SMALL, accum_steps=4, use_no_sync=False),
+        "compress": replace(SMALL, accum_steps=4, fp16_compress=True),
+    }.items():
+        results[name] = launch(train_worker, 2, (spec,), timeout=120, show_output=False)[0]
+    assert results["no_sync"]["calls"] == [1, 1, 1]
+    assert results["sync"]["calls"] == [4, 4, 4]
+    assert results["sync"]["bytes"][0] == 4 * results["no_sync"]["bytes"][0]
+    assert 2 * results["compress"]["bytes"][0] == results["no_sync"]["bytes"][0]
+    assert torch.allclose(results["no_sync"]["params"], results["sync"]["params"], atol=1e-6)
+
+
+def test_an_inf_on_one_rank_makes_every_rank_skip():
+    spec = replace(SMALL, steps=4, poison=((2, 1),))
+    r0, r1 = launch(train_worker, 2, (spec,), timeout=120, show_output=False)
+    assert r0["local_nonfinite"] == [False] * 4
+    assert r1["local_nonfinite"] == [False, False, True, False]
+    assert r0["reduced_nonfinite"] == r1["reduced_nonfinite"] == [False, False, True, False]
+    assert r0["skipped"] == r1["skipped"] == [False, False, True, False]
+    assert r0["scales"] == r1["scales"] and r0["scales"][2] == r0["scales"][1] / 2
+    assert r0["digest"] == r1["digest"]
+
+
+def test_sync_batchnorm_refuses_cpu_ranks():
+    spec = replace(SMALL, batch_norm=True, sync_bn=True)
+    with pytest.raises(RankFailed, match="SyncBatchNorm") as info:
+        launch(train_worker, 2, (spec,), timeout=120, show_output=False)
+    assert info.value.exc_type == "ValueError"
+
+
+def test_fp16_sum_overflows_unless_divided_first():
+    results = launch(fp16_sum_worker, 2, (40000.0,), timeout=60, show_output=False)
+    for r in results:
+        assert r["naive"] == float("inf") and r["divide_first"] == 40000.0
+
+
+def test_hello_worker_reports_each_rank():
+    results = launch(hello_worker, 2, timeout=60, show_output=False)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert {r["sum_of_ranks"] for r in results} == {1.0}
+    assert results[0]["pid"] != results[1]["pid"] != os.getpid()
+
+
+def test_command_line_launches_its_own_ranks(capsys):
+    assert main(["--world-size", "2", "--steps", "2", "--global-batch", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "bit-identical on every rank" in out and "backend gloo" in out
+
+
+def test_torchrun_runs_the_module():
+    """The documented torchrun command (standalone: a free port, never a fixed one)."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "course.ddp_train",
+        "--steps",
+        "1",
+        "--global-batch",
+        "32",
+        "--backend",
+        "gloo",
+    ]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "torchrun: 2 ranks, backend gloo" in done.stdout
+    assert "bit-identical on every rank" in done.stdout
+
+
+# ------------------------------------------------------------------------------------------
+# What the graders use
+
+
+def test_amp_config_is_deterministic_and_poisons_the_right_row():
+    cfg = AmpDDPConfig(poison=((1, 5),))
+    x0, y0 = cfg.batch(0)
+    assert torch.equal(x0, cfg.batch(0)[0]) and torch.equal(y0, cfg.batch(0)[1])
+    assert torch.isfinite(x0).all()
+    x1, _ = cfg.batch(1)
+    assert torch.isinf(x1[5]).all() and torch.isfinite(torch.cat([x1[:5], x1[6:]])).all()
+    a, b = cfg.make_model().state_dict(), cfg.make_model().state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert cfg.micro_batch_size(2) == 8
+    with pytest.raises(ValueError):
+        cfg.micro_batch_size(3)
+    with pytest.raises(ValueError):
+        AmpDDPConfig(global_batch=30, accum_steps=4)
+    assert not AmpDDPConfig(amp_dtype=torch.float32).amp_enabled
+    assert amp_tolerance(torch.float32) < amp_tolerance(torch.float16)
+    assert amp_tolerance(torch.float16) < amp_tolerance(torch.bfloat16)
+
+
+def _count_probe(rank, world_size, use_no_sync):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    cfg = AmpDDPConfig(steps=2, accum_steps=4)
+    with count_ddp_allreduces() as count:
+        model = DDP(cfg.make_model())
+        for step in range(cfg.steps):
+            x, y = cfg.batch(step)
+            for i, (xm, ym) in enumerate(zip(x.chunk(4), y.chunk(4), strict=True)):
+                if use_no_sync and i < 3:
+                    with model.no_sync():
+                        cfg.loss_fn(model(xm), ym).backward()
+                else:
+                    cfg.loss_fn(model(xm), ym).backward()
+    with record_collectives() as sent:
+        dist.all_reduce(torch.ones(2, dtype=torch.float16))
+        dist.broadcast(torch.ones(3), src=0)
+    return {"models": count.models, "calls": count.calls, "sent": sent}
+
+
+def test_graders_instruments_count_all_reduces_and_record_dtypes():
+    with_no_sync = launch(_count_probe, 2, (True,), timeout=120, show_output=False)
+    without = launch(_count_probe, 2, (False,), timeout=120, show_output=False)
+    assert with_no_sync[0]["models"] == 1
+    assert with_no_sync[0]["calls"] == 2 and without[0]["calls"] == 8
+    assert with_no_sync[1]["sent"] == [("all_reduce", torch.float16), ("broadcast", torch.float32)]
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    assert DDP.__init__.__name__ == "__init__", "the counter was not removed"
+    assert dist.all_reduce.__name__ == "all_reduce", "the spy was not removed"
+
+
+# ------------------------------------------------------------------------------------------
+# The widget
+
+
+def test_widget_controls_relaunch_and_change_what_is_shown():
+    explorer = DDPExplorer(world_size=2, accum_steps=2, steps=6)
+    assert len(explorer.results) == 2 and "identical" in explorer.stats.value
+    lines_before = len(explorer.ax_loss.lines)
+    explorer.world_size.value = 3
+    assert len(explorer.results) == 3 and len(explorer.ax_loss.lines) == lines_before + 1
+    assert "3 rank(s)" in explorer.stats.value
+    explorer.accum_steps.value = 4
+    assert explorer.results[0]["calls"][-1] == 1 and "x 4 micro-batch" in explorer.stats.value
+    explorer.poison.value = True
+    assert all(r["skipped"][DDPExplorer.POISON_STEP] for r in explorer.results)
+    assert f"skipped steps: <b>[{DDPExplorer.POISON_STEP}]" in explorer.stats.value
+
+
+def test_spawned_ranks_run_importable_workers():
+    """The start method GPU ranks use: fresh interpreters, so the worker must be importable."""
+    results = launch(
+        hello_worker, 2, start_method="spawn", threads=1, timeout=300, show_output=False
+    )
+    assert [r["rank"] for r in results] == [0, 1] and results[0]["backend"] == "gloo"

@@ -1,0 +1,225 @@
+"""Unit tests for course/normalization.py (lesson 04's helpers and widget)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from course.normalization import (
+    FP16_MAX,
+    RunningVarianceExplorer,
+    breast_cancer,
+    compare_running_vars,
+    dtype_name,
+    evaluate,
+    format_rows,
+    input_norm_classifier,
+    layer_norm_errors,
+    manual_layer_norm,
+    noisy_batches,
+    norm_io_dtypes,
+    norm_support,
+    one_thread,
+    rounding_stall,
+    running_var_trace,
+    train_classifier,
+    update_running_stats,
+)
+
+
+def test_breast_cancer_has_variances_beyond_float16():
+    x_train, y_train, x_test, y_test, names = breast_cancer()
+    assert x_train.dtype == torch.float32 and y_train.dtype == torch.long
+    assert len(x_train) + len(x_test) == 569 and x_train.shape[1] == 30 == len(names)
+    assert len(y_test) == len(x_test)
+    assert float(x_train.max()) < FP16_MAX  # every raw value fits in float16 ...
+    too_big = [names[i] for i in (x_train.var(0) > FP16_MAX).nonzero().flatten().tolist()]
+    assert sorted(too_big) == ["mean area", "worst area"]  # ... but not every variance
+    with pytest.raises(ValueError):
+        breast_cancer(test_fraction=1.0)
+
+
+def test_input_norm_classifier_layout():
+    model = input_norm_classifier(5, 3, hidden=7)
+    kinds = [type(m) for m in model]
+    assert kinds[0] is nn.BatchNorm1d and nn.LayerNorm in kinds
+    assert model(torch.randn(4, 5)).shape == (4, 3)
+    with pytest.raises(ValueError):
+        input_norm_classifier(5, 1)
+
+
+def test_training_learns_and_evaluate_restores_mode():
+    x_train, y_train, x_test, y_test, _ = breast_cancer()
+    torch.manual_seed(0)
+    model = input_norm_classifier(30, 2)
+    losses = train_classifier(model, x_train, y_train, steps=60)
+    assert losses[-1] < losses[0] / 2
+    assert model.training
+    acc, logits = evaluate(model, x_test, y_test)
+    assert model.training, "evaluate must restore training mode"
+    assert 0.8 < acc <= 1.0 and logits.dtype == torch.float32 and logits.shape == (len(x_test), 2)
+    half = input_norm_classifier(30, 2)
+    half.load_state_dict(model.state_dict())
+    half.half()
+    acc16, _ = evaluate(half, x_test, y_test, input_dtype=torch.float16)
+    assert math.isinf(float(half[0].running_var.max()))
+    assert 0.0 <= acc16 <= 1.0
+
+
+def test_update_running_stats_and_compare():
+    x_train, _, _, _, _ = breast_cancer()
+    torch.manual_seed(0)
+    base = input_norm_classifier(30, 2)
+    truth = update_running_stats(base, x_train, steps=30)
+    same = input_norm_classifier(30, 2)
+    same.load_state_dict(truth.state_dict())
+    half = input_norm_classifier(30, 2)
+    half.load_state_dict(truth.state_dict())
+    half.half()
+    rows = compare_running_vars(truth, {"same": same, "half": half})
+    assert [r["model"] for r in rows] == ["same", "same", "half", "half"]
+    assert rows[0]["inf entries"] == "0" and float(rows[0]["worst relative error (finite)"]) == 0
+    assert rows[2]["running_var dtype"] == "float16" and rows[2]["inf entries"] == "2"
+
+
+def test_norm_io_dtypes_records_and_removes_hooks():
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.LayerNorm(4))
+    layers = {"bn": model[1], "ln": model[2]}
+
+    def run():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(torch.randn(3, 4))
+
+    rows = norm_io_dtypes(layers, run)
+    assert rows[0] == {
+        "layer": "bn",
+        "type": "BatchNorm1d",
+        "input": "bfloat16",
+        "weight": "float32",
+        "running_var": "float32",
+        "output": "bfloat16",
+    }
+    assert rows[1]["running_var"] == "-"
+    assert not model[1]._forward_hooks and not model[2]._forward_hooks
+
+    def boom():
+        model(torch.randn(3, 4))
+        raise RuntimeError("forward failed")
+
+    with pytest.raises(RuntimeError):
+        norm_io_dtypes(layers, boom)
+    assert not model[1]._forward_hooks, "hooks must be removed when run() raises"
+
+
+def test_norm_support_reports_every_case():
+    rows = norm_support("cpu")
+    assert len(rows) == 10
+    for row in rows:
+        for key in ("float16 layer", "bfloat16 layer", "float32 layer, float16 input"):
+            assert row[key].startswith(("runs -> ", "fails: "))
+    # The fp16 layer runs on this torch's CPU and returns float16.
+    assert rows[0]["float16 layer"] == "runs -> float16"
+
+
+def test_running_var_trace_matches_a_real_batchnorm_module():
+    batches = noisy_batches(500.0, steps=40, batch_size=16, seed=3)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for momentum in (0.1, 0.01, None):
+            bn = nn.BatchNorm1d(1, momentum=momentum).to(dtype)
+            want = []
+            with torch.no_grad(), one_thread():  # the same reduction order as the helper
+                for b in batches:
+                    bn(b.to(dtype))
+                    want.append(bn.running_var.item())
+            got = running_var_trace(batches, momentum, dtype)
+            assert got.dtype == torch.float64 and got.shape == (40,)
+            assert torch.equal(got, torch.tensor(want, dtype=torch.float64)), (dtype, momentum)
+
+
+def test_running_var_overflows_in_float16():
+    trace = running_var_trace(noisy_batches(1e6, steps=30), 0.1, torch.float16)
+    assert math.isinf(trace[-1].item())
+    assert math.isfinite(running_var_trace(noisy_batches(1e6, steps=30), 0.1)[-1].item())
+
+
+def test_rounding_stall():
+    # float32 has the precision to get (almost) all the way; bfloat16 stalls far short.
+    assert rounding_stall(3000.0, 0.01, torch.float32) == pytest.approx(3000.0, rel=1e-3)
+    stall_bf16 = rounding_stall(3000.0, 0.01, torch.bfloat16)
+    assert stall_bf16 < 2400.0
+    gap = 16.0  # bfloat16 neighbours near 2048-4096 are 16 apart
+    assert 0.01 * (3000.0 - stall_bf16) <= gap / 2 + 1e-9
+    # Stalling is a fixed point of the real layer too: constant batches cannot move it further.
+    bn = nn.BatchNorm1d(1, momentum=0.01).to(torch.bfloat16)
+    bn.running_var.fill_(stall_bf16)
+    batch = torch.tensor([[1.0], [-1.0]]) * math.sqrt(1500.0)  # unbiased variance 3000
+    with torch.no_grad():
+        bn(batch.to(torch.bfloat16))
+    assert bn.running_var.item() == stall_bf16
+    assert math.isinf(rounding_stall(1e6, 0.5, torch.float16))
+    with pytest.raises(ValueError):
+        rounding_stall(1.0, 0.0, torch.float16)
+
+
+def test_manual_layer_norm_agrees_and_overflows_in_float16():
+    x = torch.randn(8, 32, dtype=torch.float64) * 5 + 3
+    torch.testing.assert_close(manual_layer_norm(x), nn.functional.layer_norm(x, (32,)))
+    big = (torch.randn(4, 64) * 1000).half()
+    assert bool((manual_layer_norm(big) == 0).all()), "the float16 variance overflows to inf"
+
+
+def test_layer_norm_errors():
+    errors = layer_norm_errors([1.0, 1000.0], rows=8, width=64)
+    assert set(errors) == {
+        "kernel float16",
+        "by hand float16",
+        "kernel bfloat16",
+        "by hand bfloat16",
+    }
+    assert all(e < 0.05 for e in errors["kernel float16"] + errors["kernel bfloat16"])
+    assert errors["by hand float16"][0] < 0.05 < errors["by hand float16"][1]
+    assert errors["kernel bfloat16"][0] > errors["kernel float16"][0]
+
+
+def test_one_thread_restores_count():
+    before = torch.get_num_threads()
+    with pytest.raises(KeyError), one_thread():
+        assert torch.get_num_threads() == 1
+        raise KeyError
+    assert torch.get_num_threads() == before
+
+
+def test_small_helpers():
+    assert dtype_name(torch.bfloat16) == "bfloat16" and dtype_name(None) == "-"
+    table = format_rows([{"a": "1", "bb": "22"}], title="t")
+    assert table.splitlines()[0] == "t" and "bb" in table and "22" in table
+    assert format_rows([]) == "(no rows)"
+    with pytest.raises(ValueError):
+        noisy_batches(1.0, batch_size=1)
+
+
+def test_widget_controls_change_the_plot():
+    explorer = RunningVarianceExplorer(momentum=0.1, dtype="float32", true_var=3000.0, steps=200)
+    first_summary, first_trace = explorer.summary, explorer.trace.clone()
+    assert torch.equal(first_trace, explorer.reference)  # float32 against float32
+    assert explorer.stats.value == first_summary
+
+    explorer.dtype.value = "bfloat16"  # drive the control as a user would
+    assert not torch.equal(explorer.trace, first_trace)
+    assert "bfloat16 buffers" in explorer.summary and explorer.stats.value == explorer.summary
+    assert [line.get_label() for line in explorer.ax.get_lines()][:2] == [
+        "float32 buffers",
+        "bfloat16 buffers",
+    ]
+
+    explorer.momentum.value = 0.01
+    assert "momentum 0.01" in explorer.summary
+    explorer.dtype.value = "float16"
+    explorer.true_var.value = 1e6
+    assert "became inf" in explorer.summary
+    assert any(line.get_label() == "float16 max 65504" for line in explorer.ax.get_lines())
+    with pytest.raises(ValueError):
+        RunningVarianceExplorer(dtype="float64")
