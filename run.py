@@ -3,6 +3,8 @@
 
     python3 run.py lab     install what is needed into .venv/ and open the lessons in JupyterLab
     python3 run.py test    install what is needed (test tools too) and run the whole test suite
+    python3 run.py gpu-check   on an NVIDIA GPU machine: grade every lesson on CUDA, confirm the
+                           CUDA autocast lists, print the speed/memory benchmark
 
 Extra arguments go to JupyterLab or pytest. Only the Python standard library is used here, so this
 runs on a fresh machine with nothing but Python 3.11+.
@@ -120,6 +122,8 @@ def cmd_lab(args: list[str]) -> int:
     ensure_installed("")
     say("opening JupyterLab at lessons/ (stop it with Ctrl-C)")
     cmd = [str(BIN / "jupyter"), "lab", "lessons/", *args]
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in args:
+        cmd.append("--allow-root")
     return subprocess.call(cmd, cwd=ROOT, env=child_env())
 
 
@@ -133,10 +137,18 @@ def cmd_test(args: list[str]) -> int:
     return subprocess.call(cmd, cwd=ROOT, env=child_env())
 
 
+def cmd_gpu_check(args: list[str]) -> int:
+    ensure_venv()
+    ensure_installed("")
+    cmd = [str(PY), str(ROOT / "scripts" / "gpu_check.py"), *args]
+    say("$ " + " ".join(cmd))
+    return subprocess.call(cmd, cwd=ROOT, env=child_env())
+
+
 def main(argv: list[str]) -> int:
     if sys.version_info < (3, 11):  # noqa: UP036 - this script may be started by an older Python
         fail(f"Python 3.11 or newer is needed; this is {sys.version.split()[0]}")
-    commands = {"lab": cmd_lab, "test": cmd_test}
+    commands = {"lab": cmd_lab, "test": cmd_test, "gpu-check": cmd_gpu_check}
     if not argv or argv[0] not in commands:
         print(__doc__.strip())
         return 0 if argv and argv[0] in ("-h", "--help") else 2

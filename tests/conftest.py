@@ -40,15 +40,38 @@ def lesson_notebook(folder: Path, lesson: str) -> Path:
     return folder / lesson / f"{lesson}.ipynb"
 
 
-def replace_solution(nb_path: Path, grade_id: str, source: str, dest: Path) -> Path:
-    """Copy a notebook with the solution cell ``grade_id`` replaced by ``source``."""
+def replace_solutions(nb_path: Path, replacements: dict[str, str], dest: Path) -> Path:
+    """Copy a notebook with each solution cell ``grade_id`` replaced by the given source."""
     nb = nbformat.read(nb_path, as_version=4)
-    cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id]
-    assert len(cells) == 1, f"{nb_path} has no single solution cell {grade_id!r}"
-    cells[0].source = source
+    for grade_id, source in replacements.items():
+        cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id]
+        assert len(cells) == 1, f"{nb_path} has no single solution cell {grade_id!r}"
+        cells[0].source = source
     dest.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, dest)
     return dest
+
+
+def variant_rounds(lesson: str) -> list[dict[str, str]]:
+    """Wrong variants packed into as few notebooks as possible: at most one per exercise.
+
+    Each round is ``{grade_id: variant_name}``. Exercises' test cells are independent, so a
+    notebook with two different exercises wrong must lose exactly those two exercises' points;
+    packing saves executing the whole lesson once per variant.
+    """
+    rounds: list[dict[str, str]] = []
+    for name, (grade_id, _source) in WRONG_VARIANTS.get(lesson, {}).items():
+        for packed in rounds:
+            if grade_id not in packed:
+                packed[grade_id] = name
+                break
+        else:
+            rounds.append({grade_id: name})
+    return rounds
+
+
+def round_student(index: int) -> str:
+    return f"wrong-{index + 1}"
 
 
 @pytest.fixture(scope="session")
@@ -75,12 +98,13 @@ class GradedLessons:
                 "solution": lesson_notebook(SOLUTIONS, lesson),
                 "unfilled": lesson_notebook(LESSONS, lesson),
             }
-            for name, (grade_id, source) in WRONG_VARIANTS.get(lesson, {}).items():
-                variants[f"wrong-{name}".replace("_", "-")] = replace_solution(
+            wrong = WRONG_VARIANTS.get(lesson, {})
+            for index, packed in enumerate(variant_rounds(lesson)):
+                student = round_student(index)
+                variants[student] = replace_solutions(
                     lesson_notebook(SOLUTIONS, lesson),
-                    grade_id,
-                    source,
-                    work / "variants" / name / f"{lesson}.ipynb",
+                    {gid: wrong[name][1] for gid, name in packed.items()},
+                    work / "variants" / student / f"{lesson}.ipynb",
                 )
             self._scores[lesson] = autograde_notebooks(lesson, variants, work / "course")
             keep = os.environ.get("COURSE_TEST_ARTIFACTS")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import LESSON_IDS, WRONG_VARIANTS, outputs_text
+from tests.conftest import LESSON_IDS, WRONG_VARIANTS, outputs_text, round_student, variant_rounds
 
 pytestmark = pytest.mark.lesson
 
@@ -64,13 +64,17 @@ def test_solution_runs_without_errors_or_torch_deprecations(graded, lesson):
 @pytest.mark.parametrize("lesson,variant", VARIANTS)
 def test_wrong_exercise_loses_exactly_its_points(graded, lesson, variant):
     grade_id = WRONG_VARIANTS[lesson][variant][0]
+    rounds = variant_rounds(lesson)
+    index = next(i for i, packed in enumerate(rounds) if packed.get(grade_id) == variant)
+    wrong_ids = {f"{gid}_tests" for gid in rounds[index]}
     scores = graded.scores(lesson)
-    wrong = scores[f"wrong-{variant}".replace("_", "-")]
+    wrong = scores[round_student(index)]
     right = scores["solution"]
-    for gid, cell in _auto(wrong).items():
-        if gid == f"{grade_id}_tests":
-            assert cell.score == 0, f"{variant}: {gid} still earned {cell.score}"
-        else:
-            assert cell.score == right[gid].score, (
-                f"{variant}: {gid} changed from {right[gid].score} to {cell.score}"
+    cell = wrong[f"{grade_id}_tests"]
+    assert cell.score == 0, f"{variant}: {grade_id}_tests still earned {cell.score}"
+    for gid, other in _auto(wrong).items():
+        if gid not in wrong_ids:
+            assert other.score == right[gid].score, (
+                f"{variant} (graded together with {sorted(rounds[index].values())}): {gid} "
+                f"changed from {right[gid].score} to {other.score}"
             )

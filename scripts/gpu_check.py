@@ -1,0 +1,211 @@
+"""Everything the course claims about CUDA, checked on a machine with an NVIDIA GPU, in one command.
+
+    .venv/bin/python scripts/gpu_check.py            # or: python3 run.py gpu-check
+
+1. executes every solution notebook (on CUDA when present: ``course.setup`` picks it) and
+   autogrades it with nbgrader: every autograded cell must earn full marks;
+2. confirms lesson 03's documented CUDA float16 autocast lists against what CUDA autocast really
+   does, op by op and layer by layer (lesson 03's hidden tests confirm its answer key the same way
+   while step 1 grades it);
+3. runs lesson 07's benchmark (fp32, TF32, fp16-AMP, bf16-AMP) and prints its table.
+
+Exits non-zero on any failure. On a machine without CUDA it runs what it can on the CPU and says
+what it skipped; ``--require-gpu`` makes a missing GPU a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from course.device import describe_device  # noqa: E402
+from grader.gradebook import autograde_notebooks  # noqa: E402
+
+
+class Report:
+    """PASS / FAIL / SKIP lines, and the exit code they add up to."""
+
+    def __init__(self) -> None:
+        self.failed: list[str] = []
+
+    def line(self, status: str, what: str, detail: str = "") -> None:
+        print(f"[{status}] {what}" + (f": {detail}" if detail else ""), flush=True)
+        if status == "FAIL":
+            self.failed.append(what)
+
+
+def grade_lesson(lesson: str, work: Path) -> tuple[str, dict, float]:
+    started = time.monotonic()
+    nb = ROOT / "solutions" / lesson / f"{lesson}.ipynb"
+    scores = autograde_notebooks(lesson, {"gpu-check": nb}, work / lesson)["gpu-check"]
+    return lesson, scores, time.monotonic() - started
+
+
+def check_lessons(report: Report, lessons: list[str], jobs: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp, ThreadPoolExecutor(jobs) as pool:
+        futures = [pool.submit(grade_lesson, lesson, Path(tmp)) for lesson in lessons]
+        for future in futures:
+            try:
+                lesson, scores, seconds = future.result()
+            except Exception as exc:  # noqa: BLE001 - reported, and the run goes on
+                report.line("FAIL", "autograde", f"{exc}")
+                continue
+            tests = {k: v for k, v in scores.items() if v.auto}
+            lost = {
+                k: f"{v.score:g}/{v.max_score:g}"
+                for k, v in tests.items()
+                if v.score != v.max_score
+            }
+            total = sum(v.score for v in tests.values())
+            best = sum(v.max_score for v in tests.values())
+            if lost or not tests:
+                report.line("FAIL", f"{lesson} autograde", f"lost points on {lost or 'no cells'}")
+            else:
+                report.line(
+                    "PASS", f"{lesson} autograde", f"{total:g}/{best:g} points, {seconds:.0f} s"
+                )
+
+
+#: One call per documented op, on float32 CUDA tensors, to read the dtype autocast gives it.
+def _op_calls(x: torch.Tensor, w: torch.Tensor) -> dict:
+    return {
+        "linear": lambda: F.linear(x, w),
+        "matmul": lambda: x @ w,
+        "conv2d": lambda: F.conv2d(x.view(1, 1, 8, 8), w.view(1, 1, 8, 8)[:, :, :3, :3]),
+        "softmax": lambda: torch.softmax(x, -1),
+        "log_softmax": lambda: F.log_softmax(x, -1),
+        "layer_norm": lambda: F.layer_norm(x, (8,)),
+        "exp": lambda: x.exp(),
+        "sum": lambda: x.sum(),
+        "relu": lambda: F.relu(x),
+        "gelu": lambda: F.gelu(x),
+        "mse_loss": lambda: F.mse_loss(x, w),
+        "batch_norm": lambda: F.batch_norm(x, None, None, training=True),
+        "binary_cross_entropy_with_logits": lambda: F.binary_cross_entropy_with_logits(x, w),
+    }
+
+
+def check_autocast_lists(report: Report) -> None:
+    from course import autocast as ac
+
+    x = torch.randn(8, 8, device="cuda")
+    w = torch.randn(8, 8, device="cuda")
+    wrong = []
+    for op, call in _op_calls(x, w).items():
+        with torch.amp.autocast("cuda", dtype=torch.float16):
+            got = call().dtype
+        want = ac.documented_dtype(op, (torch.float32,), "cuda", torch.float16)
+        if got != want:
+            wrong.append(f"{op}: documented {want}, measured {got}")
+    with torch.amp.autocast("cuda", dtype=torch.float16):
+        try:
+            F.binary_cross_entropy(torch.sigmoid(x), torch.rand_like(x))
+            wrong.append("binary_cross_entropy: documented as refused, but it ran")
+        except RuntimeError:
+            pass
+    if wrong:
+        report.line("FAIL", "CUDA autocast op lists", "; ".join(wrong))
+    else:
+        report.line(
+            "PASS",
+            "CUDA autocast op lists",
+            f"{len(_op_calls(x, w)) + 1} ops behave as documented under float16",
+        )
+
+    model = ac.row_attention(device="cuda")
+    measured: dict[str, torch.dtype] = {}
+    hooks = [
+        module.register_forward_hook(
+            lambda m, i, o, name=name: measured.__setitem__(
+                name, (o[0] if isinstance(o, tuple) else o).dtype
+            )
+        )
+        for name, module in model.named_modules()
+        if name
+    ]
+    try:
+        with torch.amp.autocast("cuda", dtype=torch.float16):
+            model(torch.randn(4, 6, 32, device="cuda"))
+    finally:
+        for h in hooks:
+            h.remove()
+    documented = ac.documented_layer_dtypes(ac.ROW_ATTENTION_OPS, "cuda", torch.float16)
+    diff = {k: (v, measured.get(k)) for k, v in documented.items() if measured.get(k) != v}
+    if diff:
+        report.line("FAIL", "lesson 03 documented CUDA table", f"documented vs measured: {diff}")
+    else:
+        report.line(
+            "PASS",
+            "lesson 03 documented CUDA table",
+            f"{len(documented)} layers match CUDA float16 autocast",
+        )
+
+
+def check_benchmark(report: Report, device: str, quick: bool) -> None:
+    from course import benchmark
+
+    args = ["--device", device, "--modes", "fp32", "tf32", "fp16-amp", "bf16-amp"]
+    if quick:
+        args += ["--repeats", "1", "--min-run-time", "0.05", "--batch-size", "64"]
+    else:
+        args += ["--batch-size", "1024", "--sizes", "4096", "--repeats", "3"]
+    print("$ python -m course.benchmark " + " ".join(args), flush=True)
+    try:
+        code = benchmark.main(args)
+    except SystemExit as exc:
+        code = exc.code
+    except Exception as exc:  # noqa: BLE001 - reported
+        report.line("FAIL", "lesson 07 benchmark", repr(exc))
+        return
+    report.line("PASS" if code == 0 else "FAIL", "lesson 07 benchmark", f"exit {code}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--require-gpu", action="store_true", help="fail if torch sees no GPU")
+    parser.add_argument("--lessons", nargs="*", metavar="ID", help="lessons to grade (default all)")
+    parser.add_argument("--jobs", type=int, default=4, help="lessons graded at once (default 4)")
+    parser.add_argument("--quick", action="store_true", help="a short benchmark (for smoke tests)")
+    parser.add_argument("--skip-benchmark", action="store_true", help="do not run the benchmark")
+    args = parser.parse_args(argv)
+
+    report = Report()
+    started = time.monotonic()
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    print(f"gpu_check on {describe_device(device)}", flush=True)
+    if not cuda:
+        status = "FAIL" if args.require_gpu else "SKIP"
+        report.line(
+            status,
+            "CUDA",
+            "torch sees no GPU: notebooks run on the CPU, CUDA-only "
+            "checks (autocast lists, TF32, fp16/bf16 speed and peak memory) are skipped",
+        )
+    lessons = args.lessons or sorted(
+        p.name for p in (ROOT / "solutions").iterdir() if p.is_dir() and p.name[:2].isdigit()
+    )
+    check_lessons(report, lessons, args.jobs)
+    if cuda:
+        check_autocast_lists(report)
+    else:
+        report.line("SKIP", "CUDA autocast op lists", "needs a CUDA GPU")
+    if not args.skip_benchmark:
+        check_benchmark(report, device.type, args.quick)
+    verdict = "FAILED: " + ", ".join(report.failed) if report.failed else "all checks passed"
+    print(f"gpu_check: {verdict} ({time.monotonic() - started:.0f} s)", flush=True)
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
