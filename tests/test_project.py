@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
+from pathlib import Path
 
 from grader import REPO_ROOT
 
@@ -39,3 +43,14 @@ def test_ignored_runtime_state():
     ignored = (REPO_ROOT / ".gitignore").read_text().split()
     for name in ("submitted/", "autograded/", "feedback/", "gradebook.db", ".venv/"):
         assert name in ignored
+
+
+def test_code_is_linted_and_formatted():
+    ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
+    paths = ["course", "grader", "tests", "scripts", "run.py"]
+    lint = subprocess.run([ruff, "check", *paths], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    fmt = subprocess.run(
+        [ruff, "format", "--check", *paths], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    assert fmt.returncode == 0, fmt.stdout + fmt.stderr
