@@ -1,0 +1,214 @@
+"""Unit tests for course/accumulation.py (lesson 05's helpers and widget)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from course.accumulation import (
+    AccumulationExplorer,
+    RecordingSGD,
+    dropout_mlp,
+    full_batch_grads,
+    peak_memory_bytes,
+    relative_difference,
+    split_batch,
+)
+
+loss_fn = nn.functional.cross_entropy
+
+
+def _problem(seed: int = 0, n: int = 32, d: int = 8, classes: int = 3):
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    net = nn.Sequential(nn.Linear(d, 16), nn.ReLU(), nn.Linear(16, classes))
+    return net, torch.randn(n, d, generator=gen), torch.randint(0, classes, (n,), generator=gen)
+
+
+def _simple_step(model, optimizer, scaler, micro_batches, loss_fn, device_type, dtype, **kw):
+    """A minimal accumulated step for driving the widget (not the lesson's exercise cell)."""
+    for xb, yb in micro_batches:
+        with torch.amp.autocast(device_type, dtype=dtype):
+            loss = loss_fn(model(xb), yb) / len(micro_batches)
+        scaler.scale(loss).backward()
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return scaler.get_scale() >= before
+
+
+def test_split_batch_gives_equal_parts_in_order():
+    x = torch.arange(12.0).reshape(6, 2)
+    y = torch.arange(6)
+    parts = split_batch(x, y, 3)
+    assert len(parts) == 3
+    assert all(len(xb) == 2 and len(yb) == 2 for xb, yb in parts)
+    assert torch.equal(torch.cat([xb for xb, _ in parts]), x)
+    assert torch.equal(torch.cat([yb for _, yb in parts]), y)
+
+
+@pytest.mark.parametrize("count", [0, 4])
+def test_split_batch_refuses_unequal_or_empty_splits(count):
+    with pytest.raises(ValueError):
+        split_batch(torch.zeros(6, 2), torch.zeros(6), count)
+
+
+def test_split_batch_refuses_mismatched_lengths():
+    with pytest.raises(ValueError):
+        split_batch(torch.zeros(6, 2), torch.zeros(5), 2)
+
+
+def test_full_batch_grads_match_a_manual_backward_and_leave_grads_alone():
+    net, x, y = _problem()
+    twin = copy.deepcopy(net)
+    loss_fn(twin(x), y).backward()
+    marker = [torch.full_like(p, 7.0) for p in net.parameters()]
+    for p, m in zip(net.parameters(), marker, strict=True):
+        p.grad = m.clone()
+    got = full_batch_grads(net, x, y, loss_fn)
+    for g, p in zip(got, twin.parameters(), strict=True):
+        assert g.dtype == torch.float32
+        assert torch.equal(g, p.grad)
+    for p, m in zip(net.parameters(), marker, strict=True):
+        assert torch.equal(p.grad, m)
+
+
+def test_relative_difference():
+    a = [torch.tensor([3.0, 0.0]), torch.tensor([4.0])]
+    assert relative_difference(a, a) == 0.0
+    assert relative_difference([2 * t for t in a], a) == pytest.approx(1.0)
+    assert relative_difference([torch.tensor([float("inf"), 0.0]), a[1]], a) == float("inf")
+    assert relative_difference([torch.ones(2)], [torch.zeros(2)]) == pytest.approx(2**0.5)
+    with pytest.raises(ValueError):
+        relative_difference(a, a[:1])
+
+
+def test_recording_sgd_keeps_the_gradients_it_stepped_with():
+    net, x, y = _problem()
+    opt = RecordingSGD(net.parameters(), lr=0.0)
+    before = [p.detach().clone() for p in net.parameters()]
+    assert opt.seen is None and opt.steps == 0
+    loss_fn(net(x), y).backward()
+    expected = [p.grad.clone() for p in net.parameters()]
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    assert opt.steps == 1
+    assert all(torch.equal(s, e) for s, e in zip(opt.seen, expected, strict=True))
+    assert all(torch.equal(p, b) for p, b in zip(net.parameters(), before, strict=True))
+
+
+def test_recording_sgd_sees_unscaled_gradients_and_nothing_when_skipped():
+    net, x, y = _problem(1)
+    ref = full_batch_grads(net, x, y, loss_fn)
+    opt = RecordingSGD(net.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    scaler.scale(loss_fn(net(x), y)).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert relative_difference(opt.seen, ref) < 1e-6
+    opt.zero_grad(set_to_none=True)
+    bad = x.clone()
+    bad[0, 0] = float("inf")
+    scaler.scale(loss_fn(net(bad), y)).backward()
+    scaler.step(opt)
+    assert opt.steps == 1
+
+
+def test_peak_memory_is_not_measured_on_cpu_but_the_function_runs():
+    ran = []
+    assert peak_memory_bytes(lambda: ran.append(1), "cpu") is None
+    assert ran == [1]
+
+
+def test_dropout_mlp_shape_and_randomness():
+    net = dropout_mlp((5, 7, 3), p=0.5)
+    assert [type(m) for m in net] == [nn.Linear, nn.ReLU, nn.Dropout, nn.Linear]
+    x = torch.randn(4, 5)
+    net.train()
+    torch.manual_seed(0)
+    a = net(x)
+    torch.manual_seed(0)
+    assert torch.equal(a, net(x))
+    with pytest.raises(ValueError):
+        dropout_mlp((5,))
+
+
+def _explorer(step_fn=_simple_step, **kw):
+    net, x, y = _problem(2, n=16)
+    return AccumulationExplorer(step_fn, net, x, y, loss_fn, counts=(1, 2, 4), **kw)
+
+
+def test_widget_follows_the_count_slider():
+    explorer = _explorer(count=1)
+    first = explorer.stats.value
+    assert explorer.selected.count == 1
+    assert "not measured on the CPU" in first
+    explorer.count_slider.value = 4
+    assert explorer.selected.count == 4
+    assert explorer.stats.value != first
+    assert "4 micro-batches" in explorer.stats.value
+    assert explorer.selected.difference is not None and explorer.selected.difference < 0.05
+    assert explorer.selected.stepped is True
+
+
+def test_widget_follows_the_dtype_menu_and_measures_each_dtype_once():
+    explorer = _explorer(count=2)
+    assert set(explorer.results) == {torch.float16}
+    fp16 = explorer.selected
+    explorer.dtype_menu.value = torch.bfloat16
+    assert set(explorer.results) == {torch.float16, torch.bfloat16}
+    assert explorer.selected.dtype == torch.bfloat16
+    assert explorer.selected.difference != fp16.difference
+    assert "bfloat16" in explorer.stats.value
+    cached = explorer.results[torch.bfloat16]
+    explorer.update(4, torch.bfloat16)
+    assert explorer.results[torch.bfloat16] is cached
+
+
+def test_widget_never_moves_the_model():
+    explorer = _explorer()
+    before = [p.detach().clone() for p in explorer.model.parameters()]
+    explorer.count_slider.value = 2
+    assert all(torch.equal(p, b) for p, b in zip(explorer.model.parameters(), before, strict=True))
+
+
+def test_widget_says_when_the_exercise_is_not_written():
+    def unwritten(*args, **kwargs):
+        raise NotImplementedError()
+
+    explorer = _explorer(unwritten)
+    assert "write accumulated_step above" in explorer.stats.value
+    assert explorer.selected.difference is None
+
+
+def test_widget_shows_the_students_error_instead_of_raising():
+    def broken(*args, **kwargs):
+        raise KeyError("oops")
+
+    explorer = _explorer(broken)
+    assert "raised KeyError" in explorer.stats.value
+
+
+def test_widget_sees_a_wrong_step_as_a_larger_difference():
+    def undivided(model, optimizer, scaler, micro_batches, loss_fn, device_type, dtype, **kw):
+        for xb, yb in micro_batches:
+            with torch.amp.autocast(device_type, dtype=dtype):
+                loss = loss_fn(model(xb), yb)
+            scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        return True
+
+    explorer = _explorer(undivided, count=4)
+    assert explorer.selected.difference == pytest.approx(3.0, rel=0.05)
+
+
+def test_widget_refuses_counts_that_do_not_divide_the_batch():
+    net, x, y = _problem(n=10)
+    with pytest.raises(ValueError):
+        AccumulationExplorer(_simple_step, net, x, y, counts=(1, 3))
