@@ -35,7 +35,7 @@ WIDGET_ACTION: dict[str, str] = {}
 VALIDATE_LESSONS = {"01-number-formats"}
 RUN_TIMEOUT_MS = 600_000
 
-pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("browser")]
+pytestmark = [pytest.mark.browser, pytest.mark.xdist_group(name="browser")]
 
 
 def _missing(reason: str) -> None:
@@ -66,6 +66,13 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     token = secrets.token_hex(16)
+    # Own settings and workspaces: no news prompt, nothing read from or left in ~/.jupyter.
+    settings = root / ".lab-settings"
+    notification = settings / "@jupyterlab" / "apputils-extension"
+    notification.mkdir(parents=True)
+    (notification / "notification.jupyterlab-settings").write_text(
+        '{"fetchNews": "false", "checkForUpdates": false}'
+    )
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     log = open(root / "jupyter.log", "w")  # noqa: SIM115 - closed below
@@ -134,7 +141,10 @@ def _run_all(page) -> None:
     page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
     page.wait_for_function(
         """() => {
-            const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]
+            const panel = [...document.querySelectorAll('.jp-NotebookPanel')]
+              .find(p => p.offsetParent !== null);
+            if (!panel) return false;
+            const prompts = [...panel.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]
               .map(e => e.textContent.trim());
             return prompts.length > 0 && prompts.every(t => /^\\[\\d+\\]:$/.test(t));
         }""",
@@ -143,14 +153,20 @@ def _run_all(page) -> None:
     )
 
 
+def _panel(page):
+    """The notebook panel on show (JupyterLab keeps hidden panels in the page)."""
+    return page.locator(".jp-NotebookPanel:visible").first
+
+
 def _widget_cell(page, action: str):
     selector = {
         "slider": ".widget-slider",
         "dropdown": ".widget-dropdown select",
         "button": "button.jupyter-button",
     }[action]
-    control = page.locator(selector).first
-    cell = page.locator(".jp-CodeCell", has=page.locator(selector)).first
+    panel = _panel(page)
+    control = panel.locator(selector).first
+    cell = panel.locator(".jp-CodeCell", has=page.locator(selector)).first
     return control, cell
 
 
@@ -205,7 +221,7 @@ def _operate(page, lesson: str) -> tuple[str, str]:
 
 
 def _validate(page) -> str:
-    page.locator(".jp-NotebookPanel-toolbar").get_by_text("Validate", exact=True).click()
+    _panel(page).locator(".jp-NotebookPanel-toolbar").get_by_text("Validate", exact=True).click()
     dialog = page.locator(".jp-Dialog-content")
     dialog.wait_for(timeout=RUN_TIMEOUT_MS)
     page.wait_for_function(
@@ -225,7 +241,7 @@ def test_lesson_runs_and_its_widget_responds_in_jupyterlab(lab, browser, shots, 
     shot = shots / f"{lesson}.png"
     started = time.monotonic()
     try:
-        page.goto(f"{url}/lab/tree/{lesson}/{lesson}.ipynb?token={token}")
+        page.goto(f"{url}/lab/workspaces/{lesson}/tree/{lesson}/{lesson}.ipynb?reset&token={token}")
         page.wait_for_function(
             "window.jupyterapp && document.querySelector('.jp-Notebook .jp-Cell')",
             timeout=120_000,
@@ -234,9 +250,12 @@ def test_lesson_runs_and_its_widget_responds_in_jupyterlab(lab, browser, shots, 
         page.wait_for_timeout(2000)
         _dismiss_news(page)
         _run_all(page)
-        stderr = page.locator(
-            ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
-        ).all_inner_texts()
+        _dismiss_news(page)
+        stderr = (
+            _panel(page)
+            .locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+            .all_inner_texts()
+        )
         raised = [t[:300] for t in stderr if "Traceback" in t or "Error" in t]
         assert not raised, f"{lesson}: cells raised in the browser: {raised}"
         before, after = _operate(page, lesson)
