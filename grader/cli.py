@@ -37,6 +37,169 @@ def _cmd_release(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lessons_arg(root: Path, lesson: str | None) -> list[str]:
+    if lesson:
+        return [lesson]
+    return sorted(
+        p.name for p in (root / "solutions").iterdir() if p.is_dir() and p.name[:2].isdigit()
+    )
+
+
+def _cmd_package(args: argparse.Namespace) -> int:
+    from grader.package import PackageError, build_kit
+
+    root = Path(args.root).resolve()
+    out = Path(args.out).resolve()
+    try:
+        names = build_kit(root, out)
+    except PackageError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(
+        f"wrote {out}: {len(names)} files (lessons/, course/, pyproject.toml, "
+        "requirements.txt, README.md); no solutions, no hidden tests"
+    )
+    return 0
+
+
+def _cmd_intake(args: argparse.Namespace) -> int:
+    from grader.intake import intake_exchange, intake_zip
+
+    root = Path(args.root).resolve()
+    try:
+        if args.lms_zip:
+            report = intake_zip(
+                root,
+                args.lesson,
+                Path(args.lms_zip),
+                Path(args.roster) if args.roster else None,
+                replace=args.replace,
+            )
+        else:
+            report = intake_exchange(
+                root,
+                args.lesson,
+                Path(args.exchange) if args.exchange else None,
+                replace=args.replace,
+            )
+    except (OSError, ValueError) as exc:
+        print(f"intake failed: {exc}", file=sys.stderr)
+        return 2
+    for line in report.lines():
+        print(line)
+    return 1 if report.unmapped or report.kept_existing else 0
+
+
+def _parse_shard(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError("--shard is I/N, e.g. 2/3") from None
+    if not 1 <= i <= n:
+        raise argparse.ArgumentTypeError("--shard I/N needs 1 <= I <= N")
+    return i, n
+
+
+def _cmd_autograde(args: argparse.Namespace) -> int:
+    from grader.autograde import autograde
+    from grader.sandbox import Limits, SandboxUnavailable, require_isolation
+
+    root = Path(args.root).resolve()
+    try:
+        mode = require_isolation(args.unsandboxed)
+    except SandboxUnavailable as exc:
+        print(exc, file=sys.stderr)
+        return 3
+    if mode == "unsandboxed":
+        print(
+            "WARNING: grading UNSANDBOXED: student code runs with this machine's files and "
+            "network (rlimits only).",
+            file=sys.stderr,
+        )
+    limits = Limits(
+        cell_timeout=args.cell_timeout,
+        notebook_timeout=args.notebook_timeout,
+        memory_mb=args.memory_mb,
+        nproc=args.nproc,
+        fsize_mb=args.fsize_mb,
+    )
+    try:
+        outcomes = autograde(
+            args.lesson,
+            root,
+            db_url=args.db_url,
+            workers=args.workers,
+            limits=limits,
+            mode=mode,
+            shard=args.shard,
+            students=args.student or None,
+            force=args.force,
+            progress=not args.no_progress,
+        )
+    except KeyboardInterrupt:
+        print(
+            "\ninterrupted: finished submissions are saved; run the same command to resume.",
+            file=sys.stderr,
+        )
+        return 130
+    width = max([len(o.student) for o in outcomes] + [7])
+    for o in outcomes:
+        got = sum(o.scores.values())
+        top = sum(o.max_scores.values())
+        line = f"{o.student:<{width}}  {o.status:<8}"
+        if o.max_scores:
+            line += f" {got:g}/{top:g}"
+        if o.reason:
+            line += f"  {o.reason}"
+        if o.flags:
+            line += f"  [flags: {', '.join(o.flags)}]"
+        print(line)
+    counts = {s: sum(o.status == s for o in outcomes) for s in ("graded", "rejected", "failed")}
+    print(", ".join(f"{v} {k}" for k, v in counts.items()))
+    return 1 if counts["failed"] else 0
+
+
+def _cmd_feedback(args: argparse.Namespace) -> int:
+    from grader.nbtools import nbgrader
+
+    root = Path(args.root).resolve()
+    cmd = ["generate_feedback", args.lesson, "--force"]
+    if args.db_url:
+        cmd.append(f"--CourseDirectory.db_url={args.db_url}")
+    if args.student:
+        cmd.append(f"--student={args.student}")
+    try:
+        nbgrader(cmd, cwd=root)
+    except RuntimeError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    files = sorted((root / "feedback").glob(f"*/{args.lesson}/*.html"))
+    print(
+        f"wrote {len(files)} feedback file(s) under {root / 'feedback'} "
+        "(hidden tests are not shown)"
+    )
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from grader.export import export_csv
+
+    root = Path(args.root).resolve()
+    try:
+        n = export_csv(root, Path(args.out), args.lesson or None, db_url=args.db_url)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}: {n} students")
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from course.selfcheck import main as selfcheck
+
+    return selfcheck([args.notebook, "--timeout", str(args.timeout)])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m grader",
@@ -63,6 +226,122 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--root", default=str(REPO_ROOT), help="course directory (default: this repo)")
     p.set_defaults(func=_cmd_release)
+
+    def common(p: argparse.ArgumentParser, db: bool = False) -> None:
+        p.add_argument(
+            "--root", default=str(REPO_ROOT), help="course directory (default: this repo)"
+        )
+        if db:
+            p.add_argument(
+                "--db-url",
+                default=None,
+                help="nbgrader gradebook URL (default: sqlite:///ROOT/gradebook.db; "
+                "postgresql://... to share one gradebook between machines)",
+            )
+
+    p = sub.add_parser(
+        "package",
+        help="zip what students get: lessons/, course/, requirements, README",
+        description="Write the student kit (lessons/, the course package, pyproject.toml, "
+        "requirements.txt, a README). Refuses if any file holds solution or hidden-test markers.",
+    )
+    p.add_argument("--out", default="dist/mixed-precision-student-kit.zip", help="zip to write")
+    common(p)
+    p.set_defaults(func=_cmd_package)
+
+    p = sub.add_parser(
+        "intake",
+        help="collect submissions from an LMS zip or nbgrader's exchange into submitted/",
+        description="Place submissions into submitted/<student>/<lesson>/ without overwriting "
+        "any. Everything received is archived in intake/<lesson>/. LMS file names: Canvas "
+        "'name[_LATE]_<userid>_<subid>_<file>.ipynb' or Moodle "
+        "'<Full Name>_<userid>_assignsubmission_file_<file>.ipynb'. Exit 1 if some files could "
+        "not be mapped (they are listed).",
+    )
+    p.add_argument("lesson", help="lesson id, e.g. 02-loss-scaling")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--lms-zip", metavar="ZIP", help="an LMS 'download all submissions' zip")
+    src.add_argument(
+        "--exchange",
+        metavar="DIR",
+        nargs="?",
+        const="",
+        help="nbgrader's exchange root (default /srv/nbgrader/exchange)",
+    )
+    p.add_argument("--roster", metavar="CSV", help="CSV with columns student_id,lms_id")
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="replace an existing different submission (the old one is archived)",
+    )
+    common(p)
+    p.set_defaults(func=_cmd_intake)
+
+    p = sub.add_parser(
+        "autograde",
+        help="grade submitted/ in parallel, each submission sandboxed (resumable)",
+        description="Autograde every submission of a lesson with nbgrader, each in its own "
+        "sandbox (bubblewrap: no network, only its own files; time, memory, process and file "
+        "size limits), in parallel. Interrupt and re-run at will: nothing is graded twice.",
+    )
+    p.add_argument("lesson", help="lesson id")
+    p.add_argument("--workers", type=int, default=None, help="parallel workers (default: cores)")
+    p.add_argument(
+        "--shard",
+        type=_parse_shard,
+        default=(1, 1),
+        metavar="I/N",
+        help="grade only share I of N of the students (several machines, one PostgreSQL gradebook)",
+    )
+    p.add_argument("--student", action="append", help="only this student (repeatable)")
+    p.add_argument("--force", action="store_true", help="grade again even if already graded")
+    p.add_argument("--cell-timeout", type=float, default=300.0, help="seconds per cell")
+    p.add_argument("--notebook-timeout", type=float, default=1800.0, help="seconds per notebook")
+    p.add_argument("--memory-mb", type=int, default=8192, help="address space per process")
+    p.add_argument("--nproc", type=int, default=256, help="processes and threads per submission")
+    p.add_argument("--fsize-mb", type=int, default=64, help="largest file a submission writes")
+    p.add_argument(
+        "--unsandboxed",
+        action="store_true",
+        help="grade without bubblewrap when it is missing (trusted code only)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    common(p, db=True)
+    p.set_defaults(func=_cmd_autograde)
+
+    p = sub.add_parser(
+        "feedback",
+        help="feedback HTML per student (nbgrader generate_feedback, hidden tests removed)",
+        description="Write feedback/<student>/<lesson>/<lesson>.html from the autograded "
+        "notebooks and the gradebook. Hidden test code is not shown.",
+    )
+    p.add_argument("lesson", help="lesson id")
+    p.add_argument("--student", help="only this student")
+    common(p, db=True)
+    p.set_defaults(func=_cmd_feedback)
+
+    p = sub.add_parser(
+        "export",
+        help="grades to CSV: a column per exercise, totals, status",
+        description="One row per student; per lesson a column per exercise, its total, max "
+        "and status (rejected/failed reasons, flags, needs manual grading); overall totals.",
+    )
+    p.add_argument("--lesson", action="append", help="only this lesson (repeatable)")
+    p.add_argument("--out", default="grades.csv", help="CSV file to write")
+    common(p, db=True)
+    p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser(
+        "check",
+        help="self-check a notebook: per exercise, passed or failed and why",
+        description="Run a (saved) lesson notebook in a fresh kernel and report each exercise's "
+        "visible tests: passed, FAILED with the check's message, or not attempted. Hidden tests "
+        "are never run or shown. In a notebook: from course.selfcheck import check_my_work; "
+        "check_my_work()",
+    )
+    p.add_argument("notebook", help="e.g. lessons/02-loss-scaling/02-loss-scaling.ipynb")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per cell")
+    p.set_defaults(func=_cmd_check)
     return parser
 
 

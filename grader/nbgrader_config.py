@@ -21,3 +21,10 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 c.Execute.timeout = 300
 c.Execute.interrupt_on_timeout = True
 c.Execute.raise_on_iopub_timeout = True
+
+# Feedback never shows hidden tests (they hold reference implementations): see grader/feedback.py.
+c.GenerateFeedback.preprocessors = [
+    "nbgrader.preprocessors.GetGrades",
+    "grader.feedback.StripHiddenTests",
+    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+]

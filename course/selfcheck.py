@@ -1,0 +1,193 @@
+"""Check your own work: run a lesson notebook and say, exercise by exercise, what passes (grader).
+
+From a terminal::
+
+    python -m grader check lessons/02-loss-scaling/02-loss-scaling.ipynb
+    python -m course.selfcheck lessons/02-loss-scaling/02-loss-scaling.ipynb
+
+or as the last cell of a notebook (save it first: the check runs the saved file in a fresh
+kernel)::
+
+    from course.selfcheck import check_my_work
+    check_my_work()
+
+Each exercise is reported as ``passed``, ``FAILED`` with the message of the check that failed
+(what was expected, what your code gave), or ``not attempted``. Only the tests in your notebook
+run (the visible ones); hidden-test regions, if a notebook has any, are removed before running,
+so their code is never run or shown here. The instructor's grading also runs hidden tests on
+fresh random inputs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+_BEGIN, _END = "### BEGIN " + "HIDDEN TESTS", "### END " + "HIDDEN TESTS"  # not literal: the
+# student kit is checked to contain no nbgrader markers.
+HIDDEN = re.compile(rf"^[ \t]*{_BEGIN}.*?^[ \t]*{_END}[^\n]*\n?", re.S | re.M)
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_RUNNING = "COURSE_SELFCHECK_RUNNING"
+
+
+@dataclass
+class ExerciseResult:
+    """The outcome of one exercise's visible tests."""
+
+    exercise: str
+    points: float
+    status: str  # "passed" | "failed" | "not attempted"
+    message: str = ""
+
+
+def _nbgrader(cell) -> dict:
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return meta if isinstance(meta, dict) else {}
+
+
+def check_notebook(path: str | Path, timeout: float = 600.0) -> list[ExerciseResult]:
+    """Run the notebook at ``path`` in a fresh kernel; one result per autograded exercise."""
+    from nbclient import NotebookClient
+
+    path = Path(path).resolve()
+    nb = nbformat.read(path, as_version=4)
+    unattempted = set()
+    for cell in nb.cells:
+        meta = _nbgrader(cell)
+        if cell.cell_type == "code" and meta.get("solution"):
+            if "raise NotImplementedError" in cell.source:
+                unattempted.add(meta.get("grade_id"))
+    tests = []
+    keep = []
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            if "check_my_work(" in cell.source:
+                continue  # do not check from inside the check
+            cell.source = HIDDEN.sub("", cell.source)
+            cell.outputs = []
+            meta = _nbgrader(cell)
+            if meta.get("grade") and not meta.get("solution"):
+                tests.append(cell)
+        keep.append(cell)
+    nb.cells = keep
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        allow_errors=True,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+    )
+    previous = os.environ.get(_RUNNING)
+    os.environ[_RUNNING] = "1"
+    try:
+        client.execute()
+    finally:
+        if previous is None:
+            os.environ.pop(_RUNNING, None)
+        else:
+            os.environ[_RUNNING] = previous
+    results = []
+    for cell in tests:
+        meta = _nbgrader(cell)
+        gid = str(meta.get("grade_id", "?"))
+        exercise = gid.removesuffix("_tests")
+        points = float(meta.get("points", 0) or 0)
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if exercise in unattempted:
+            results.append(
+                ExerciseResult(
+                    exercise,
+                    points,
+                    "not attempted",
+                    "the solution cell still raises NotImplementedError",
+                )
+            )
+        elif errors:
+            err = errors[0]
+            message = ANSI.sub("", f"{err.get('ename', 'Error')}: {err.get('evalue', '')}")
+            results.append(ExerciseResult(exercise, points, "failed", message))
+        else:
+            results.append(ExerciseResult(exercise, points, "passed"))
+    return results
+
+
+def report(results: list[ExerciseResult], out=None) -> str:
+    """The per-exercise report as text (also printed to ``out`` if given)."""
+    lines = []
+    for r in results:
+        mark = {"passed": "passed", "failed": "FAILED", "not attempted": "not attempted"}
+        lines.append(f"{mark[r.status]:>13}  {r.exercise} ({r.points:g} points)")
+        if r.message:
+            lines.append(f"               {r.message}")
+    got = sum(r.points for r in results if r.status == "passed")
+    total = sum(r.points for r in results)
+    passed = sum(r.status == "passed" for r in results)
+    lines.append(
+        f"{passed} of {len(results)} exercises pass their visible tests "
+        f"({got:g} of {total:g} points). Grading also runs hidden tests on fresh "
+        "random inputs."
+    )
+    text = "\n".join(lines)
+    if out is not None:
+        print(text, file=out)
+    return text
+
+
+def _find_notebook() -> Path | None:
+    session = os.environ.get("JPY_SESSION_NAME")
+    if session and session.endswith(".ipynb") and Path(session).is_file():
+        return Path(session)
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        vsc = shell.user_ns.get("__vsc_ipynb_file__") if shell else None
+        if vsc and Path(vsc).is_file():
+            return Path(vsc)
+    except ImportError:
+        pass
+    found = sorted(Path.cwd().glob("*.ipynb"))
+    return found[0] if len(found) == 1 else None
+
+
+def check_my_work(path: str | Path | None = None) -> list[ExerciseResult]:
+    """Check the (saved) notebook you are working in and print what passes; see the module."""
+    if os.environ.get(_RUNNING):
+        return []
+    nb_path = Path(path) if path else _find_notebook()
+    if nb_path is None:
+        print("Could not tell which notebook this is: call check_my_work('NN-topic.ipynb').")
+        return []
+    print(f"Checking the saved {nb_path.name} in a fresh kernel (save first: Ctrl-S)...")
+    results = check_notebook(nb_path)
+    report(results, out=sys.stdout)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m course.selfcheck NOTEBOOK``: exit 0 if every exercise passes."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m course.selfcheck",
+        description="Run a lesson notebook's visible tests and report each exercise.",
+    )
+    parser.add_argument("notebook", help="path of the lesson notebook (saved)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per cell")
+    args = parser.parse_args(argv)
+    if not Path(args.notebook).is_file():
+        print(f"no such notebook: {args.notebook}", file=sys.stderr)
+        return 2
+    print(f"Checking {args.notebook} (visible tests only)...")
+    results = check_notebook(args.notebook, timeout=args.timeout)
+    report(results, out=sys.stdout)
+    return 0 if results and all(r.status == "passed" for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,547 @@
+"""Parallel, sandboxed, resumable autograding of one lesson's submissions.
+
+The parent process owns the real gradebook (``db_url``, SQLite or PostgreSQL). For each
+submission a worker:
+
+1. copies a *template* course (config + a gradebook holding only this lesson, made once per run
+   by ``nbgrader generate_assignment``) into a private scratch folder, with only the student's
+   ``.ipynb`` as the submission;
+2. checks the notebook can be graded at all (readable JSON, cells, this lesson's exercise ids);
+   otherwise the result is a *rejected* row with the reason and zero points;
+3. runs ``nbgrader autograde`` there with :class:`grader.execute.SandboxedExecute` (the kernel
+   runs in the sandbox; nbgrader restores hidden tests, re-adds deleted test cells and scores);
+4. writes the scores, statuses and the autograded notebook into ``.grader/<lesson>/`` (atomic
+   rename), keyed by a hash of the submission and the lesson.
+
+The parent merges each result into the real gradebook and ``autograded/`` as it arrives, and
+marks it merged. A re-run skips every submission whose key already has a merged result, merges
+results that were written but not merged (an interruption between the two), and grades the rest:
+nothing is graded twice, nothing is lost, ``submitted/`` is only ever read.
+
+``shard=(i, n)`` grades the students whose stable hash falls in share ``i`` of ``n`` (1-based),
+so several machines can grade one class into one PostgreSQL gradebook.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from grader import REPO_ROOT
+from grader.nbtools import nbgrader, tool_env
+from grader.release import copy_course_skeleton
+from grader.sandbox import Limits, Settings
+
+#: Student ids that are safe as folder names (no path characters, no leading dot).
+STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,99}$")
+#: Bump when the grading procedure changes: results keyed with an older version are redone.
+PROCEDURE = "grader-1"
+
+SCRATCH_CONFIG = """
+from nbconvert.preprocessors import ClearMetadataPreprocessor
+from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, IgnorePattern,
+                                    LimitOutput, SaveAutoGrades)
+from grader.execute import SandboxedExecute
+
+c.Autograde.autograde_preprocessors = [
+    SandboxedExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
+    AssignLatePenalties, CheckCellMetadata,
+]
+c.OverwriteCells.add_missing_cells = True
+"""
+
+
+@dataclass
+class Outcome:
+    """One submission's result (what the report and the CSV show)."""
+
+    student: str
+    status: str  # graded | rejected | failed | skipped
+    reason: str = ""
+    scores: dict[str, float] = field(default_factory=dict)
+    max_scores: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    flags: list[str] = field(default_factory=list)
+
+
+def valid_student_id(student: str) -> bool:
+    return bool(STUDENT_ID.match(student)) and ".." not in student
+
+
+def shard_of(student: str, n: int) -> int:
+    """The 1-based share of ``n`` that ``student`` belongs to (stable across machines)."""
+    digest = hashlib.sha256(student.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % n + 1
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _atomic_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def lesson_key(root: Path, lesson: str) -> str:
+    """A hash of the grading procedure and the lesson's source: results are valid while it holds."""
+    source = (root / "solutions" / lesson / f"{lesson}.ipynb").read_bytes()
+    return hashlib.sha256(PROCEDURE.encode() + source).hexdigest()[:16]
+
+
+class Template:
+    """A scratch course with only ``lesson`` in its gradebook, copied for each submission."""
+
+    def __init__(self, root: Path, lesson: str, work: Path) -> None:
+        self.root = root
+        self.lesson = lesson
+        self.dir = work / "template"
+        if self.dir.exists():
+            shutil.rmtree(self.dir)
+        copy_course_skeleton(root, self.dir)
+        nbgrader(["generate_assignment", lesson, "--force", "--create"], cwd=self.dir)
+        with open(self.dir / "nbgrader_config.py", "a", encoding="utf-8") as fh:
+            fh.write(SCRATCH_CONFIG)
+        # Only the lesson's extra files go to the sandbox (never a notebook with solutions).
+        self.lesson_files = work / "lesson-files"
+        if self.lesson_files.exists():
+            shutil.rmtree(self.lesson_files)
+        self.lesson_files.mkdir(parents=True)
+        for entry in (self.dir / "lessons" / lesson).iterdir():
+            if entry.suffix != ".ipynb" and entry.name not in {".ipynb_checkpoints"}:
+                (shutil.copytree if entry.is_dir() else shutil.copy2)(
+                    entry, self.lesson_files / entry.name
+                )
+        for other in (self.dir / "solutions").iterdir():
+            if other.name != lesson:
+                shutil.rmtree(other)
+        for nb in (self.dir / "solutions" / lesson).glob("*.ipynb"):
+            nb.unlink()
+        self.release = nbformat.read(
+            self.dir / "lessons" / lesson / f"{lesson}.ipynb", as_version=4
+        )
+        self.source = nbformat.read(root / "solutions" / lesson / f"{lesson}.ipynb", as_version=4)
+        self.grade_ids = {
+            c.metadata["nbgrader"]["grade_id"]
+            for c in self.source.cells
+            if c.metadata.get("nbgrader", {}).get("grade_id")
+        }
+        self.known_lines = frozenset(
+            ln.strip() for c in self.source.cells for ln in c.source.splitlines()
+        )
+        self.key = lesson_key(root, lesson)
+
+    def scratch(self, student: str) -> Path:
+        dest = Path(tempfile.mkdtemp(prefix=f"{student[:20]}-", dir=self.dir.parent / "scratch"))
+        for name in ("nbgrader_config.py", "gradebook.db"):
+            shutil.copy2(self.dir / name, dest / name)
+        shutil.copytree(self.dir / "grader", dest / "grader")
+        shutil.copytree(self.dir / "solutions", dest / "solutions")
+        return dest
+
+
+def normalize(nb: nbformat.NotebookNode, release: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Put back the released nbgrader metadata on the cells of ``nb`` (a copy of a submission).
+
+    nbgrader restores the source of locked cells, but a submission whose metadata was edited
+    (points, the ``grade`` flag, a solution cell marked as graded) makes it stop with
+    "Inconsistent checksums" or a missing gradebook entry. Here every cell whose ``grade_id`` is
+    the lesson's gets exactly its released metadata, and nbgrader metadata naming no exercise of
+    the lesson is dropped (the cell becomes an ordinary cell), as is the metadata of every copy
+    of a cell after the first (nbgrader's own de-duplication leaves cells it then fails on).
+    Deleted test cells are re-added by nbgrader (``add_missing_cells``).
+    """
+    released = {
+        c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"]
+        for c in release.cells
+        if isinstance(c.metadata.get("nbgrader"), dict) and c.metadata["nbgrader"].get("grade_id")
+    }
+    seen: set[str] = set()
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader")
+        if meta is None:
+            continue
+        gid = meta.get("grade_id") if isinstance(meta, dict) else None
+        if gid in released and gid not in seen:
+            cell.metadata["nbgrader"] = json.loads(json.dumps(released[gid]))
+            seen.add(gid)
+        else:  # not an exercise of this lesson, or a later copy of one (the first one counts)
+            del cell.metadata["nbgrader"]
+    return nb
+
+
+def check_submission(path: Path, template: Template) -> str | None:
+    """Why the notebook at ``path`` cannot be graded (``None`` if it can)."""
+    try:
+        raw = path.read_bytes()
+        data = json.loads(raw)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return f"not a readable notebook (broken JSON): {str(exc)[:120]}"
+    try:
+        nb = nbformat.from_dict(data)
+        nbformat.validate(nb)
+    except Exception as exc:  # noqa: BLE001 - any reader error rejects the file
+        return f"not a valid notebook: {str(exc).splitlines()[0][:120]}"
+    if not nb.get("cells"):
+        return "empty notebook: it has no cells"
+    ids = {
+        c.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        for c in nb.cells
+        if isinstance(c.get("metadata", {}).get("nbgrader"), dict)
+    } - {None}
+    if not ids & template.grade_ids:
+        theirs = ", ".join(sorted(map(str, ids))[:5]) or "none"
+        return (
+            f"not a notebook of {template.lesson}: none of its exercise ids ({theirs}) belong to "
+            "this lesson (another lesson's notebook?)"
+        )
+    return None
+
+
+def _read_scratch(scratch: Path, lesson: str, student: str) -> dict:
+    from nbgrader.api import Gradebook
+
+    grades = []
+    with Gradebook(f"sqlite:///{scratch / 'gradebook.db'}") as gb:
+        sub = gb.find_submission(lesson, student)
+        timestamp = sub.timestamp.isoformat() if sub.timestamp else None
+        for nb in sub.notebooks:
+            for grade in nb.grades:
+                grades.append(
+                    {
+                        "notebook": nb.name,
+                        "grade_id": grade.name,
+                        "auto_score": grade.auto_score,
+                        "max_score": grade.max_score,
+                        "needs_manual_grade": grade.needs_manual_grade,
+                    }
+                )
+            comments = [
+                {"notebook": nb.name, "grade_id": c.name, "auto_comment": c.auto_comment}
+                for c in nb.comments
+            ]
+            penalty = nb.late_submission_penalty
+    return {"grades": grades, "comments": comments, "timestamp": timestamp, "penalty": penalty}
+
+
+def grade_one(
+    template: Template, student: str, notebook: Path, settings: Settings, work: Path
+) -> dict:
+    """Grade one submission in a scratch course; returns the result record (not merged)."""
+    start = time.monotonic()
+    result: dict = {
+        "student": student,
+        "key": None,
+        "status": "graded",
+        "reason": "",
+        "events": [],
+        "cells": {},
+    }
+    result["key"] = f"{template.key}-{_sha(notebook)}"
+    problem = check_submission(notebook, template)
+    if problem:
+        result.update(status="rejected", reason=problem, grades=[], comments=[])
+        result["seconds"] = time.monotonic() - start
+        return result
+    from grader.scan import scan_notebook
+
+    result["flags"] = scan_notebook(notebook, template.known_lines)
+    scratch = template.scratch(student)
+    try:
+        dest = scratch / "submitted" / student / template.lesson
+        dest.mkdir(parents=True)
+        # Only the notebook, with its nbgrader metadata put back as released (see normalize).
+        nb = normalize(nbformat.read(notebook, as_version=4), template.release)
+        nbformat.write(nb, dest / f"{template.lesson}.ipynb")
+        stamp = notebook.parent / "timestamp.txt"
+        if stamp.is_file():
+            shutil.copy2(stamp, dest / "timestamp.txt")
+        events = scratch / "events.json"
+        env = tool_env({"GRADER_SANDBOX": settings.to_env(), "GRADER_EVENTS": str(events)})
+        import subprocess
+        import sys
+
+        # setpriv --pdeathsig: nbgrader (and with it the sandbox) dies if this grader dies.
+        prefix = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
+        proc = subprocess.run(
+            [
+                *prefix,
+                sys.executable,
+                "-m",
+                "nbgrader",
+                "autograde",
+                template.lesson,
+                f"--student={student}",
+                "--create",
+                "--force",
+            ],
+            cwd=scratch,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=settings.limits.notebook_timeout + 600,
+        )
+        autograded = scratch / "autograded" / student / template.lesson / f"{template.lesson}.ipynb"
+        if proc.returncode != 0 or not autograded.is_file():
+            log = (proc.stdout + proc.stderr).strip().splitlines()
+            errors = [ln for ln in log if "[ERROR]" in ln or "Error" in ln][-3:] or log[-3:]
+            result.update(
+                status="failed",
+                reason="nbgrader could not grade it: " + " | ".join(errors)[:400],
+                grades=[],
+                comments=[],
+            )
+        else:
+            result.update(_read_scratch(scratch, template.lesson, student))
+            if events.is_file():
+                info = json.loads(events.read_text())
+                result["events"] = info.get("events", [])
+                result["cells"] = info.get("cells", {})
+            keep = work / "autograded" / student
+            if keep.exists():
+                shutil.rmtree(keep)
+            shutil.copytree(autograded.parent, keep)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    result["seconds"] = time.monotonic() - start
+    return result
+
+
+def ensure_assignment(root: Path, lesson: str, db_url: str) -> None:
+    """Put ``lesson`` into the real gradebook if it is not there yet."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    os.environ["PATH"] = tool_env()["PATH"]  # nbgrader runs alembic from PATH
+    with Gradebook(db_url) as gb:
+        try:
+            gb.find_assignment(lesson)
+            return
+        except MissingEntry:
+            pass
+    with tempfile.TemporaryDirectory(prefix="grader-release-") as tmp:
+        nbgrader(
+            [
+                "generate_assignment",
+                lesson,
+                "--force",
+                "--create",
+                f"--CourseDirectory.release_directory={tmp}",
+                f"--CourseDirectory.db_url={db_url}",
+            ],
+            cwd=root,
+        )
+
+
+def merge(root: Path, lesson: str, db_url: str, result: dict, work: Path) -> None:
+    """Write one result into the real gradebook and ``autograded/`` (the parent only)."""
+    from datetime import datetime
+
+    from nbgrader.api import Gradebook
+
+    student = result["student"]
+    with warnings.catch_warnings(), Gradebook(db_url) as gb:
+        # nbgrader's own update_or_create_submission trips SQLAlchemy's autoflush warnings.
+        warnings.simplefilter("ignore")
+        gb.update_or_create_student(student)
+        ts = result.get("timestamp")
+        kwargs = {"timestamp": datetime.fromisoformat(ts)} if ts else {}
+        sub = gb.update_or_create_submission(lesson, student, **kwargs)
+        if result["status"] == "graded":
+            for g in result["grades"]:
+                grade = gb.find_grade(g["grade_id"], g["notebook"], lesson, student)
+                grade.auto_score = g["auto_score"]
+                grade.needs_manual_grade = g["needs_manual_grade"]
+            for c in result.get("comments", []):
+                comment = gb.find_comment(c["grade_id"], c["notebook"], lesson, student)
+                comment.auto_comment = c["auto_comment"]
+        else:  # rejected or failed: zero everywhere, nothing left to grade by hand
+            for nb in sub.notebooks:
+                for grade in nb.grades:
+                    grade.auto_score = 0
+                    grade.needs_manual_grade = False
+        gb.db.commit()
+    src = work / "autograded" / student
+    dest = root / "autograded" / student / lesson
+    if dest.exists():
+        shutil.rmtree(dest)
+    if src.is_dir() and result["status"] == "graded":
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(src, dest)
+
+
+def find_submissions(root: Path, lesson: str) -> tuple[dict[str, Path], list[Outcome]]:
+    """``{student: notebook}`` from ``submitted/``, and rows for folders that cannot be graded."""
+    found: dict[str, Path] = {}
+    bad: list[Outcome] = []
+    base = root / "submitted"
+    if not base.is_dir():
+        return found, bad
+    for entry in sorted(base.iterdir()):
+        folder = entry / lesson
+        if not folder.is_dir():
+            continue
+        if not valid_student_id(entry.name):
+            bad.append(
+                Outcome(
+                    entry.name,
+                    "rejected",
+                    "student id has characters not allowed "
+                    "in an id (letters, digits, _ . @ + - only)",
+                )
+            )
+            continue
+        nb = folder / f"{lesson}.ipynb"
+        if not nb.is_file():
+            others = sorted(p.name for p in folder.glob("*.ipynb"))
+            bad.append(
+                Outcome(
+                    entry.name,
+                    "rejected",
+                    f"no {lesson}.ipynb in the submission"
+                    + (f" (found {', '.join(others)})" if others else ""),
+                )
+            )
+            continue
+        found[entry.name] = nb
+    return found, bad
+
+
+def _outcome(result: dict) -> Outcome:
+    scores = {g["grade_id"]: float(g["auto_score"] or 0) for g in result.get("grades", [])}
+    maxes = {g["grade_id"]: float(g["max_score"]) for g in result.get("grades", [])}
+    reason = result.get("reason", "")
+    bad = {k: v for k, v in result.get("cells", {}).items() if v not in ("ok", "error")}
+    if bad and not reason:
+        reason = "; ".join(f"{k}: {v}" for k, v in sorted(bad.items()))
+    return Outcome(
+        result["student"],
+        result["status"],
+        reason,
+        scores,
+        maxes,
+        float(result.get("seconds", 0.0)),
+        list(result.get("flags", [])),
+    )
+
+
+def autograde(
+    lesson: str,
+    root: Path = REPO_ROOT,
+    db_url: str | None = None,
+    workers: int | None = None,
+    limits: Limits | None = None,
+    mode: str = "bwrap",
+    shard: tuple[int, int] = (1, 1),
+    students: list[str] | None = None,
+    force: bool = False,
+    progress: bool = True,
+) -> list[Outcome]:
+    """Grade every submission of ``lesson`` in ``root/submitted``; see the module docstring."""
+    root = root.resolve()
+    db_url = db_url or f"sqlite:///{root / 'gradebook.db'}"
+    workers = max(1, workers or os.cpu_count() or 1)
+    limits = limits or Limits()
+    limits.threads = max(1, (os.cpu_count() or 1) // workers)
+    work = root / ".grader" / lesson
+    (work / "scratch").mkdir(parents=True, exist_ok=True)
+    (work / "results").mkdir(parents=True, exist_ok=True)
+    for stale in (work / "scratch").iterdir():  # left by an interrupted run
+        shutil.rmtree(stale, ignore_errors=True)
+
+    submissions, outcomes = find_submissions(root, lesson)
+    if students:
+        submissions = {s: p for s, p in submissions.items() if s in students}
+    i, n = shard
+    submissions = {s: p for s, p in submissions.items() if shard_of(s, n) == i}
+    lkey = lesson_key(root, lesson)
+    ensure_assignment(root, lesson, db_url)  # cheap when the gradebook already has it
+
+    todo: dict[str, Path] = {}
+    for student, nb in sorted(submissions.items()):
+        path = work / "results" / f"{student}.json"
+        key = f"{lkey}-{_sha(nb)}"
+        if path.is_file() and not force:
+            old = json.loads(path.read_text())
+            # "failed" means the grader itself failed (or was interrupted): try again.
+            if old.get("key") == key and old.get("status") in ("graded", "rejected"):
+                if not old.get("merged"):
+                    merge(root, lesson, db_url, old, work)
+                    old["merged"] = True
+                    _atomic_json(path, old)
+                outcomes.append(_outcome(old))
+                continue
+        todo[student] = nb
+
+    if not todo:
+        return sorted(outcomes, key=lambda o: o.student)
+    template = Template(root, lesson, work)
+    lock = threading.Lock()
+    slots = list(range(workers))
+
+    def job(student: str, nb: Path) -> dict:
+        with lock:
+            slot = slots.pop()
+        try:
+            settings = Settings(
+                limits=limits, mode=mode, slot=slot, lesson_files=str(template.lesson_files)
+            )
+            return grade_one(template, student, nb, settings, work)
+        finally:
+            with lock:
+                slots.append(slot)
+
+    bar = None
+    if progress and todo:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(todo), desc=f"grading {lesson}", unit="nb", dynamic_ncols=True)
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
+        if True:
+            futures = {pool.submit(job, s, p): s for s, p in todo.items()}
+            for future in as_completed(futures):
+                student = futures[future]
+                try:
+                    result = future.result()
+                except Exception as exc:  # noqa: BLE001 - one failure never stops the batch
+                    result = {
+                        "student": student,
+                        "status": "failed",
+                        "key": None,
+                        "reason": f"grader error: {type(exc).__name__}: {exc}"[:400],
+                        "grades": [],
+                        "comments": [],
+                    }
+                path = work / "results" / f"{student}.json"
+                _atomic_json(path, result)
+                merge(root, lesson, db_url, result, work)
+                result["merged"] = True
+                _atomic_json(path, result)
+                outcomes.append(_outcome(result))
+                if bar:
+                    bar.update(1)
+                    bar.set_postfix_str(f"last: {student} {result['status']}")
+    finally:
+        # On Ctrl-C: start nothing new; running jobs die with their nbgrader child and their
+        # results are not recorded, so a re-run grades them again.
+        pool.shutdown(wait=True, cancel_futures=True)
+        if bar:
+            bar.close()
+    return sorted(outcomes, key=lambda o: o.student)

@@ -1,0 +1,165 @@
+"""Benchmark: plain serial ``nbgrader autograde`` against this grader, on one synthetic class.
+
+``python -m grader.benchmark [--submissions 20] [--workers N] [--lesson 01-number-formats]``
+
+The class is the lesson's solution notebook and its wrong variants (tests/variants), repeated to
+``--submissions`` students, so it is a mix of right and wrong answers. In one run it measures:
+
+1. bare execution: the solution notebook executed once with nbclient (no nbgrader, no sandbox);
+2. plain nbgrader: every submission autograded serially by ``nbgrader autograde`` (the reference
+   path of :mod:`grader.gradebook`);
+3. this grader: the same submissions through :func:`grader.autograde.autograde` (sandboxed,
+   ``--workers`` in parallel);
+
+and prints seconds per submission for 2 and 3, their ratio, and the grader's per-submission
+overhead over bare execution (the mean time one worker spent on a submission minus 1). It also
+checks both graders gave every submission the same scores. Not a test: nothing here asserts
+timing. On a shared machine the figures move with the load; compare them within one run. Every
+kernel gets the same thread budget (``cores // workers`` BLAS/OpenMP threads, what the grader
+gives each sandbox) unless ``--default-threads``: on a loaded machine torch's default threads
+oversubscribe the cores and make plain nbgrader look far slower than parallelism explains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+
+from grader import REPO_ROOT
+
+
+def _variants(lesson: str) -> dict[str, tuple[str, str]]:
+    variants_dir = REPO_ROOT / "tests" / "variants"
+    for path in sorted(variants_dir.glob("l[0-9][0-9]_*.py")):
+        module = importlib.import_module(f"tests.variants.{path.stem}")
+        if module.LESSON == lesson:
+            return dict(module.VARIANTS)
+    return {}
+
+
+def make_class(lesson: str, count: int, dest: Path) -> dict[str, Path]:
+    """``count`` submissions of ``lesson``: the solution and its wrong variants in turn."""
+    source = REPO_ROOT / "solutions" / lesson / f"{lesson}.ipynb"
+    kinds: list[tuple[str, str | None, str | None]] = [("right", None, None)]
+    kinds += [(name, gid, src) for name, (gid, src) in _variants(lesson).items()]
+    out: dict[str, Path] = {}
+    for i in range(count):
+        name, gid, src = kinds[i % len(kinds)]
+        nb = nbformat.read(source, as_version=4)
+        if gid:
+            for cell in nb.cells:
+                if cell.metadata.get("nbgrader", {}).get("grade_id") == gid:
+                    cell.source = src
+        path = dest / f"s{i:03d}-{name}".replace("_", "-") / f"{lesson}.ipynb"
+        path.parent.mkdir(parents=True)
+        nbformat.write(nb, path)
+        out[path.parent.name] = path
+    return out
+
+
+def bare_execution(lesson: str) -> float:
+    """Seconds to execute the solution notebook once with nbclient."""
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(REPO_ROOT / "solutions" / lesson / f"{lesson}.ipynb", as_version=4)
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        NotebookClient(
+            nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": tmp}}
+        ).execute()
+        return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m grader.benchmark",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--lesson", default="01-number-formats")
+    parser.add_argument("--submissions", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--unsandboxed",
+        action="store_true",
+        help="run the grader without bubblewrap (if it is missing)",
+    )
+    parser.add_argument(
+        "--default-threads",
+        action="store_true",
+        help="leave plain nbgrader and bare execution at torch's default thread count (the "
+        "grader gives each sandbox cores // workers threads); by default all three get that",
+    )
+    args = parser.parse_args(argv)
+    threads = max(1, (os.cpu_count() or 1) // args.workers)
+    if not args.default_threads:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = str(threads)
+
+    from grader.autograde import autograde
+    from grader.gradebook import autograde_notebooks
+    from grader.release import copy_course_skeleton
+    from grader.sandbox import require_isolation
+
+    mode = require_isolation(args.unsandboxed)
+    with tempfile.TemporaryDirectory(prefix="grader-bench-") as tmp:
+        tmp = Path(tmp)
+        subs = make_class(args.lesson, args.submissions, tmp / "class")
+        print(
+            f"class: {len(subs)} submissions of {args.lesson}; {os.cpu_count()} cores; "
+            f"grader workers: {args.workers}; isolation: {mode}; threads per kernel: "
+            f"{'torch default (plain, bare)' if args.default_threads else threads}",
+            flush=True,
+        )
+
+        bare = bare_execution(args.lesson)
+        print(f"bare execution of the solution: {bare:.1f} s", flush=True)
+
+        start = time.perf_counter()
+        plain = autograde_notebooks(args.lesson, subs, tmp / "plain")
+        plain_s = time.perf_counter() - start
+        print(f"plain serial nbgrader autograde: {plain_s:.1f} s", flush=True)
+
+        course = tmp / "course"
+        copy_course_skeleton(REPO_ROOT, course)
+        for student, path in subs.items():
+            dest = course / "submitted" / student / args.lesson
+            dest.mkdir(parents=True)
+            shutil.copy2(path, dest / path.name)
+        start = time.perf_counter()
+        outcomes = autograde(args.lesson, course, workers=args.workers, mode=mode, progress=False)
+        grader_s = time.perf_counter() - start
+        print(f"this grader ({args.workers} workers): {grader_s:.1f} s", flush=True)
+
+    n = len(subs)
+    mismatches = []
+    for o in outcomes:
+        theirs = {g: c.score for g, c in plain[o.student].items() if c.auto}
+        mine = {g: o.scores.get(g, 0.0) for g in theirs}
+        if mine != theirs:
+            mismatches.append((o.student, theirs, mine))
+    per_worker = sum(o.seconds for o in outcomes) / max(1, len(outcomes))
+    print()
+    print(f"seconds per submission, plain serial nbgrader: {plain_s / n:7.1f}")
+    print(f"seconds per submission, this grader:           {grader_s / n:7.1f}")
+    print(f"ratio (plain / grader):                        {plain_s / grader_s:7.2f}x")
+    print(
+        f"one worker's time per submission:              {per_worker:7.1f} s "
+        f"(bare execution {bare:.1f} s: overhead {per_worker / bare - 1:+.0%}, "
+        f"{per_worker - bare:+.1f} s)"
+    )
+    print(f"scores identical to plain nbgrader: {'yes' if not mismatches else 'NO'}")
+    for m in mismatches:
+        print(f"  {m}")
+    return 0 if not mismatches else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

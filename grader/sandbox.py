@@ -1,0 +1,316 @@
+"""Execute one notebook in its own sandboxed process tree (bubblewrap + rlimits).
+
+Layout inside the sandbox (everything else on the machine is absent, not just unreadable):
+
+* read-only: ``/usr``, ``/etc`` (and the ``/lib``, ``/bin`` links), the Python installation
+  (``sys.base_prefix``), the virtual environment (``sys.prefix``), the installed ``course``
+  package's folder, and the runner script at ``/opt/grader/runner.py``;
+* a private tmpfs of ``tmpfs_mb`` as the working folder ``/home/student`` (the kernel's cwd, which
+  holds only the lesson's extra files) and another as ``/tmp``;
+* new network (loopback only), PID, IPC and UTS namespaces; the sandbox dies with its parent.
+
+Inside, the runner drops to an unprivileged uid of its own per worker slot (when the grader runs
+as root) under ``prlimit``: address space (``memory_mb``), processes and threads (``nproc``,
+counted per uid, hence one uid per slot), file size (``fsize_mb``) and CPU seconds. The notebook
+travels on stdin and the executed cells come back on a pipe only the runner holds; no file of the
+submission, the gradebook, solutions/ or another student is visible.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from grader import guard
+
+RUNNER = Path(__file__).with_name("runner.py")
+
+
+class SandboxUnavailable(RuntimeError):
+    """No working isolation tool on this machine (and running unsandboxed was not allowed)."""
+
+
+@dataclass
+class Limits:
+    """Resource limits for one submission."""
+
+    cell_timeout: float = 300.0
+    notebook_timeout: float = 1800.0
+    memory_mb: int = 8192
+    nproc: int = 256
+    fsize_mb: int = 64
+    tmpfs_mb: int = 512
+    max_output: int = 1_000_000
+    threads: int = 1
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Limits:
+        return cls(**json.loads(text))
+
+
+@dataclass
+class Settings:
+    """How to execute: limits, isolation mode and worker slot (for the per-slot uid)."""
+
+    limits: Limits
+    mode: str = "bwrap"  # or "unsandboxed"
+    slot: int = 0
+    lesson_files: str | None = None
+
+    def to_env(self) -> str:
+        data = asdict(self)
+        return json.dumps(data)
+
+    @classmethod
+    def from_env(cls, text: str) -> Settings:
+        data = json.loads(text)
+        data["limits"] = Limits(**data["limits"])
+        return cls(**data)
+
+
+def _checks_path() -> str:
+    import course.checks
+
+    return str(Path(course.checks.__file__).resolve())
+
+
+def _course_dir() -> Path:
+    import course
+
+    return Path(course.__file__).resolve().parent
+
+
+@functools.cache
+def bwrap_problem() -> str | None:
+    """Why bubblewrap cannot be used here (``None`` when it works)."""
+    exe = shutil.which("bwrap")
+    if not exe:
+        return (
+            "bubblewrap (bwrap) is not installed: install it (Debian/Ubuntu: apt-get install "
+            "bubblewrap) so each submission runs without network or access to other files"
+        )
+    probe = subprocess.run(
+        [
+            exe,
+            "--unshare-net",
+            "--unshare-pid",
+            "--die-with-parent",
+            "--ro-bind",
+            "/",
+            "/",
+            "--proc",
+            "/proc",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode != 0:
+        return (
+            f"bubblewrap is installed but cannot create namespaces here ({probe.stderr.strip()}); "
+            "enable user namespaces or run the grader as root"
+        )
+    return None
+
+
+def require_isolation(unsandboxed: bool) -> str:
+    """The mode to use; raises :class:`SandboxUnavailable` if isolation is missing."""
+    problem = bwrap_problem()
+    if problem is None:
+        return "bwrap"
+    if unsandboxed:
+        return "unsandboxed"
+    raise SandboxUnavailable(
+        f"refusing to grade: {problem}. Without it student code would run with your files, your "
+        "network and no process isolation. Pass --unsandboxed to grade anyway (only for "
+        "submissions you trust)."
+    )
+
+
+def _env(limits: Limits, home: str) -> dict[str, str]:
+    threads = str(max(1, limits.threads))
+    return {
+        "HOME": home,
+        "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+        "MPLBACKEND": "Agg",
+        "MPLCONFIGDIR": "/tmp/mpl",
+        "IPYTHONDIR": "/tmp/ipython",
+        "JUPYTER_RUNTIME_DIR": "/tmp/jupyter-runtime",
+        "JUPYTER_PLATFORM_DIRS": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "NBGRADER_EXECUTION": "autograde",
+    }
+
+
+def _prlimit(limits: Limits) -> list[str]:
+    mb = 1024 * 1024
+    return [
+        "prlimit",
+        f"--as={limits.memory_mb * mb}",
+        f"--nproc={limits.nproc}",
+        f"--fsize={limits.fsize_mb * mb}",
+        f"--cpu={int(limits.notebook_timeout * 2 + 60)}",
+        "--core=0",
+        "--",
+    ]
+
+
+def bwrap_command(settings: Settings, python: str = sys.executable) -> list[str]:
+    """The command line that runs the runner inside bubblewrap."""
+    limits = settings.limits
+    home = "/home/student"
+    binds: list[tuple[str, str]] = []
+    for src in {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}:
+        binds.append((str(src), str(src)))
+    course_dir = _course_dir()
+    if not any(course_dir.is_relative_to(Path(b[0])) for b in binds):
+        binds.append((str(course_dir), str(course_dir)))
+    # Parent folders must be created traversable (bwrap makes them 0700 otherwise).
+    parents: set[str] = set()
+    for _, dest in binds:
+        for parent in Path(dest).parents:
+            if str(parent) not in ("/", "/usr", "/etc"):
+                parents.add(str(parent))
+    cmd = [
+        "bwrap",
+        "--unshare-net",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+    ]
+    for parent in sorted(parents, key=lambda p: p.count("/")):
+        cmd += ["--perms", "0755", "--dir", parent]
+    cmd += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+    for name in ("lib", "lib64", "bin", "sbin", "lib32"):
+        target = Path("/") / name
+        if target.is_symlink():
+            cmd += ["--symlink", os.readlink(target), str(target)]
+        elif target.is_dir():
+            cmd += ["--ro-bind", str(target), str(target)]
+    for src, dest in binds:
+        cmd += ["--ro-bind", src, dest]
+    cmd += [
+        "--perms",
+        "0755",
+        "--dir",
+        "/opt",
+        "--perms",
+        "0755",
+        "--dir",
+        "/opt/grader",
+        "--ro-bind",
+        str(RUNNER),
+        "/opt/grader/runner.py",
+    ]
+    if settings.lesson_files:
+        cmd += ["--ro-bind", settings.lesson_files, "/opt/lesson"]
+    cmd += [
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--perms",
+        "1777",
+        "--size",
+        str(limits.tmpfs_mb * 1024 * 1024),
+        "--tmpfs",
+        "/tmp",
+        "--perms",
+        "0777",
+        "--size",
+        str(limits.tmpfs_mb * 1024 * 1024),
+        "--tmpfs",
+        home,
+        "--chdir",
+        home,
+    ]
+    for key, value in _env(limits, home).items():
+        cmd += ["--setenv", key, value]
+    if os.geteuid() == 0:
+        uid = str(200000 + settings.slot)
+        cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+    else:
+        cmd[1:1] = ["--unshare-user"]
+    cmd += _prlimit(limits) + [python, "-I", "/opt/grader/runner.py"]
+    return cmd
+
+
+def execute(nb: dict, graded: list[int], settings: Settings) -> dict:
+    """Execute ``nb`` (a notebook as a dict); returns the runner's answer.
+
+    The answer is ``{"cells": [{index, outputs, execution_count, status}], "events": [...]}``;
+    when the sandbox itself fails (killed at the notebook's limit, crashed), ``cells`` is empty
+    and ``events`` says why.
+    """
+    limits = settings.limits
+    token = secrets.token_hex(8)
+    request = {
+        "nb": nb,
+        "graded": graded,
+        "prelude": guard.prelude(token, _checks_path()),
+        "restore": guard.restore(token),
+        "cell_timeout": limits.cell_timeout,
+        "notebook_timeout": limits.notebook_timeout,
+        "max_output": limits.max_output,
+        "lesson_files": None,
+    }
+    cwd = None
+    tmp = None
+    if settings.mode == "bwrap":
+        cmd = bwrap_command(settings)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        if settings.lesson_files:
+            request["lesson_files"] = "/opt/lesson"
+    elif settings.mode == "unsandboxed":
+        import tempfile
+
+        tmp = tempfile.mkdtemp(prefix="grader-unsandboxed-")
+        cwd = tmp
+        env = {**os.environ, **_env(limits, tmp)}
+        env["MPLCONFIGDIR"] = os.path.join(tmp, ".mpl")
+        env["IPYTHONDIR"] = os.path.join(tmp, ".ipython")
+        env["JUPYTER_RUNTIME_DIR"] = os.path.join(tmp, ".runtime")
+        request["lesson_files"] = settings.lesson_files
+        cmd = _prlimit(limits) + [sys.executable, "-I", str(RUNNER)]
+    else:
+        raise ValueError(f"unknown sandbox mode {settings.mode!r}")
+    try:
+        proc = subprocess.run(
+            cmd,
+            input=json.dumps(request).encode(),
+            capture_output=True,
+            timeout=limits.notebook_timeout + 120,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+    except subprocess.TimeoutExpired:
+        return {"cells": [], "events": ["the sandbox was killed at the notebook's time limit"]}
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        answer = json.loads(proc.stdout)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        err = proc.stderr.decode(errors="replace").strip()[-500:]
+        return {
+            "cells": [],
+            "events": [f"the sandbox gave no answer (exit {proc.returncode}) {err}"],
+        }
+    return answer

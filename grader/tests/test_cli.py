@@ -1,0 +1,47 @@
+"""The command line: one entry point, --help on every command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from grader.cli import build_parser, main
+
+COMMANDS = ["release", "package", "intake", "autograde", "feedback", "export", "check"]
+
+
+def test_every_command_is_listed_in_help(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for command in COMMANDS:
+        assert command in out
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--help"])
+    assert exc.value.code == 0
+    assert "usage: python -m grader " + command in capsys.readouterr().out
+
+
+def test_shard_argument_is_checked():
+    parser = build_parser()
+    assert parser.parse_args(["autograde", "01-x", "--shard", "2/3"]).shard == (2, 3)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["autograde", "01-x", "--shard", "4/3"])
+
+
+def test_runs_as_a_module_without_activating_the_venv():
+    proc = subprocess.run(
+        [sys.executable, "-m", "grader", "--help"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "autograde" in proc.stdout

@@ -1,0 +1,197 @@
+"""The tamper corpus, graded as one batch: every case scores what its code earns honestly, the
+batch finishes, honest students are unaffected, submitted files are untouched, and a re-run
+grades nothing twice. Then export and feedback are checked on the same gradebook."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import json
+import os
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from grader import REPO_ROOT
+from grader.autograde import Outcome, autograde
+from grader.cli import main
+from grader.sandbox import Limits
+from grader.tests.conftest import make_course, need_bwrap
+from grader.tests.corpus import CASES, LESSON, REJECTED, write_case
+
+#: One xdist worker grades the batch once and runs every test of this module.
+pytestmark = pytest.mark.xdist_group(name="grader-corpus")
+
+SOURCE = REPO_ROOT / "grader" / "tests" / "fixtures" / "solutions" / LESSON / f"{LESSON}.ipynb"
+TESTS = ("double_tests", "halve_tests", "triple_tests")
+LIMITS = dict(cell_timeout=60, notebook_timeout=300, memory_mb=4096, nproc=128, fsize_mb=64)
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _grade_batch(base: Path):
+    root = make_course(base / "course")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    threading.Thread(target=lambda: [server.accept() for _ in range(5)], daemon=True).start()
+    ctx = {
+        "paths": [
+            str(root / "solutions"),
+            str(root / "gradebook.db"),
+            str(root / "submitted" / "honest-right" / LESSON / f"{LESSON}.ipynb"),
+            str(REPO_ROOT / "solutions"),
+            str(root / ".grader"),
+        ],
+        "port": server.getsockname()[1],
+        "other_lesson": REPO_ROOT / "lessons" / "01-number-formats" / "01-number-formats.ipynb",
+    }
+    for case in CASES:
+        write_case(case, SOURCE, root / "submitted" / case.name / LESSON, ctx)
+    # A second honest student, graded in the same batch as every attack.
+    write_case(CASES[0], SOURCE, root / "submitted" / "honest-too" / LESSON, ctx)
+    before = _digest(root / "submitted")
+    outcomes = autograde(LESSON, root, workers=2, limits=Limits(**LIMITS), progress=False)
+    server.close()
+    return root, outcomes, before
+
+
+@pytest.fixture(scope="session")
+def batch(tmp_path_factory):
+    """The corpus graded once per test run, even if xdist spreads this module over workers
+    (the first worker grades under a file lock; the others read its result)."""
+    from filelock import FileLock
+
+    need_bwrap()
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # popen-gwN/: its parent is this run's
+        base = base.parent
+    shared = base / "grader-corpus"
+    shared.mkdir(exist_ok=True)
+    cache = shared / "batch.json"
+    with FileLock(str(shared / "lock")):
+        if not cache.is_file():
+            root, outcomes, before = _grade_batch(shared)
+            cache.write_text(
+                json.dumps(
+                    {
+                        "root": str(root),
+                        "before": before,
+                        "outcomes": [dataclasses.asdict(o) for o in outcomes],
+                    }
+                )
+            )
+        data = json.loads(cache.read_text())
+    outcomes = {o["student"]: Outcome(**o) for o in data["outcomes"]}
+    return Path(data["root"]), outcomes, data["before"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_case_earns_only_what_its_code_earns(batch, case):
+    _, outcomes, _ = batch
+    o = outcomes[case.name]
+    if case.expect == REJECTED:
+        assert o.status == "rejected", o
+        assert case.reason in o.reason, o.reason
+        assert sum(o.scores.values()) == 0
+        return
+    assert o.status == "graded", o
+    got = tuple(o.scores.get(t, 0.0) for t in TESTS)
+    if case.at_most:
+        assert all(g <= e for g, e in zip(got, case.expect, strict=True)), (got, o.reason)
+    else:
+        assert got == case.expect, (got, o.reason)
+    # Nothing a student does changes the points an exercise is worth.
+    assert {t: o.max_scores[t] for t in TESTS} == dict.fromkeys(TESTS, 1.0)
+
+
+def test_honest_students_are_unaffected_by_the_attacks(batch):
+    _, outcomes, _ = batch
+    for student in ("honest-right", "honest-too"):
+        assert [outcomes[student].scores[t] for t in TESTS] == [1.0, 1.0, 1.0]
+        assert outcomes[student].flags == []
+
+
+def test_submitted_files_are_never_modified(batch):
+    root, _, before = batch
+    assert _digest(root / "submitted") == before
+
+
+def test_planted_modules_are_not_imported(batch):
+    root, _, _ = batch
+    executed = root / "autograded" / "torch-py-beside-notebook" / LESSON / f"{LESSON}.ipynb"
+    text = executed.read_text()
+    assert "FAKE TORCH" not in text and "FAKE COURSE" not in text
+    assert not (root / "autograded" / "torch-py-beside-notebook" / LESSON / "torch.py").exists()
+
+
+def test_suspicious_code_is_flagged(batch):
+    _, outcomes, _ = batch
+    assert "patches-torch" in outcomes["patch-torch-allclose"].flags
+    assert "patches-checks" in outcomes["patch-check-helpers"].flags
+    assert "kernel-internals" in outcomes["hide-traceback"].flags
+
+
+def test_rerun_grades_nothing_twice_and_merges_a_lost_merge(batch):
+    root, outcomes, _ = batch
+    results = root / ".grader" / LESSON / "results"
+    stamps = {p.name: p.stat().st_mtime_ns for p in results.glob("*.json")}
+    # Simulate an interruption between writing a result and merging it.
+    lost = results / "honest-too.json"
+    data = json.loads(lost.read_text())
+    data["merged"] = False
+    lost.write_text(json.dumps(data))
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        gb.remove_submission(LESSON, "honest-too")
+    again = autograde(LESSON, root, workers=2, limits=Limits(**LIMITS), progress=False)
+    assert {o.student: o.scores for o in again} == {s: o.scores for s, o in outcomes.items()}
+    changed = [
+        p.name
+        for p in results.glob("*.json")
+        if p.stat().st_mtime_ns != stamps[p.name] and p.name != "honest-too.json"
+    ]
+    assert changed == []
+    assert json.loads(lost.read_text())["merged"] is True
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        assert gb.find_submission(LESSON, "honest-too").score == 3.0
+
+
+def test_export_has_a_column_per_exercise_and_totals(batch, tmp_path):
+    root, _, _ = batch
+    out = tmp_path / "grades.csv"
+    assert main(["export", "--root", str(root), "--out", str(out)]) == 0
+    rows = {r["student_id"]: r for r in csv.DictReader(out.open())}
+    header = list(next(iter(rows.values())))
+    for column in (
+        "90-fixture/double",
+        "90-fixture/halve",
+        "90-fixture/triple",
+        "90-fixture/why_exact",
+        "90-fixture/total",
+        "total",
+        "max",
+    ):
+        assert column in header
+    assert float(rows["honest-right"]["90-fixture/total"]) == 3.0
+    assert float(rows["patch-torch-allclose"]["90-fixture/double"]) == 0.0
+    assert "rejected" in rows["broken-json"]["90-fixture/status"]
+    assert "needs manual grading" in rows["honest-right"]["90-fixture/status"]
+
+
+def test_feedback_shows_messages_but_no_hidden_tests(batch):
+    root, _, _ = batch
+    assert main(["feedback", LESSON, "--root", str(root), "--student", "honest-wrong-hidden"]) == 0
+    html = (root / "feedback" / "honest-wrong-hidden" / LESSON / f"{LESSON}.html").read_text()
+    assert "double on random input" in html  # the CheckFailed message
+    assert "BEGIN HIDDEN TESTS" not in html and "_seed" not in html

@@ -1,0 +1,86 @@
+"""Small pieces: hidden-test stripping, the code scan, the student kit."""
+
+from __future__ import annotations
+
+import zipfile
+
+import nbformat
+import pytest
+
+from grader import REPO_ROOT
+from grader.feedback import StripHiddenTests, strip_hidden
+from grader.package import PackageError, build_kit
+from grader.scan import scan_source
+
+TEST_CELL = """check(f(1) == 2, "f(1)")
+### BEGIN HIDDEN TESTS
+def _ref(x):
+    return 2 * x
+check(f(5) == _ref(5), "f(5)")
+### END HIDDEN TESTS
+print("done")
+"""
+
+
+def test_hidden_tests_are_stripped_from_feedback():
+    out = strip_hidden(TEST_CELL)
+    assert "_ref" not in out and "HIDDEN TESTS" not in out
+    assert out.startswith('check(f(1) == 2, "f(1)")') and out.rstrip().endswith('print("done")')
+    cell = nbformat.v4.new_code_cell(TEST_CELL)
+    cell.metadata["nbgrader"] = {"grade": True, "grade_id": "f_tests"}
+    cell.outputs = [
+        nbformat.v4.new_output(
+            "error",
+            ename="CheckFailed",
+            evalue="f(5) is 9",
+            traceback=["---", "check(f(5) == _ref(5))", "..."],
+        )
+    ]
+    cell, _ = StripHiddenTests().preprocess_cell(cell, {}, 0)
+    assert "_ref" not in cell.source
+    assert cell.outputs[0]["traceback"] == ["CheckFailed: f(5) is 9"]
+
+
+@pytest.mark.parametrize(
+    "code,flag",
+    [
+        ("torch.allclose = lambda *a: True", "patches-torch"),
+        ("import sys\nf = sys._getframe(1).f_globals['_ref']", "frame-inspection"),
+        ("get_ipython().showtraceback = None", "kernel-internals"),
+        ("course.checks.check = print", "patches-checks"),
+        ("os._exit(0)", "exits-kernel"),
+        ("open('/srv/course/gradebook.db')", "reads-grader-files"),
+    ],
+)
+def test_scan_flags_tampering(code, flag):
+    assert flag in scan_source(code)
+
+
+def test_scan_is_quiet_on_ordinary_code():
+    assert scan_source("def f(x):\n    return torch.where(x > 0, x, 0).sum()") == []
+
+
+def test_student_kit_has_lessons_and_course_but_no_solutions(tmp_path):
+    out = tmp_path / "kit.zip"
+    names = build_kit(REPO_ROOT, out)
+    assert "lessons/01-number-formats/01-number-formats.ipynb" in names
+    assert "course/checks.py" in names and "course/selfcheck.py" in names
+    with zipfile.ZipFile(out) as zf:
+        listed = zf.namelist()
+        assert all(n.startswith("mixed-precision-course/") for n in listed)
+        assert not any("/solutions/" in n or "/grader/" in n or "/tests/" in n for n in listed)
+        for n in listed:
+            text = zf.read(n).decode("utf-8", errors="replace")
+            assert "### BEGIN HIDDEN TESTS" not in text and "### BEGIN SOLUTION" not in text
+        assert "torch==" in zf.read("mixed-precision-course/requirements.txt").decode()
+
+
+def test_student_kit_refuses_to_leak(tmp_path):
+    root = tmp_path / "repo"
+    (root / "lessons" / "01-x").mkdir(parents=True)
+    (root / "course").mkdir()
+    (root / "lessons" / "01-x" / "01-x.ipynb").write_text("### BEGIN SOLUTION\n")
+    (root / "pyproject.toml").write_text('[project]\ndependencies = ["torch"]\n')
+    with pytest.raises(PackageError, match="01-x.ipynb"):
+        build_kit(root, tmp_path / "kit.zip")
+    assert not (tmp_path / "kit.zip").exists()
