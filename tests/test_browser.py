@@ -31,7 +31,7 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 #: How to operate each lesson's main widget, where the default (first slider) is not it.
-WIDGET_ACTION: dict[str, str] = {}
+WIDGET_ACTION: dict[str, str] = {"07-capstone": "button"}
 VALIDATE_LESSONS = {"01-number-formats"}
 RUN_TIMEOUT_MS = 600_000
 
@@ -44,7 +44,7 @@ def _missing(reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def shots() -> Path:
     base = Path(os.environ.get("COURSE_TEST_ARTIFACTS") or REPO_ROOT / "test-artifacts")
     folder = base / "screenshots"
@@ -53,7 +53,7 @@ def shots() -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def lab(tmp_path_factory: pytest.TempPathFactory):
     """A JupyterLab server on a free loopback port over a scratch copy of the course."""
     root = tmp_path_factory.mktemp("lab")
@@ -114,7 +114,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
         log.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser():
     if not CHROMIUM.exists():
         _missing("Debian's chromium is not installed (apt-get install chromium)")
@@ -158,12 +158,17 @@ def _panel(page):
     return page.locator(".jp-NotebookPanel:visible").first
 
 
+#: The controls the test knows how to operate, in the order it looks for them.
+CONTROLS = {
+    "slider": ".widget-slider",
+    "dropdown": ".widget-dropdown select",
+    "toggle": ".widget-toggle-buttons button.jupyter-button:not(.mod-active)",
+    "button": "button.jupyter-button:has-text('Run')",
+}
+
+
 def _widget_cell(page, action: str):
-    selector = {
-        "slider": ".widget-slider",
-        "dropdown": ".widget-dropdown select",
-        "button": "button.jupyter-button",
-    }[action]
+    selector = CONTROLS[action]
     panel = _panel(page)
     control = panel.locator(selector).first
     cell = panel.locator(".jp-CodeCell", has=page.locator(selector)).first
@@ -174,18 +179,7 @@ def _operate(page, lesson: str) -> tuple[str, str]:
     """Operate the lesson's widget; returns its cell's output HTML before and after."""
     action = WIDGET_ACTION.get(lesson)
     if action is None:
-        action = next(
-            (
-                a
-                for a, sel in (
-                    ("slider", ".widget-slider"),
-                    ("dropdown", ".widget-dropdown select"),
-                    ("button", "button.jupyter-button"),
-                )
-                if page.locator(sel).count()
-            ),
-            None,
-        )
+        action = next((a for a, sel in CONTROLS.items() if _panel(page).locator(sel).count()), None)
     assert action, f"{lesson}: no widget control found on the page"
     control, cell = _widget_cell(page, action)
     control.scroll_into_view_if_needed()
@@ -207,7 +201,7 @@ def _operate(page, lesson: str) -> tuple[str, str]:
         chosen = control.input_value()
         other = next(o for o in options if o != chosen)
         control.select_option(label=other)
-    else:
+    else:  # a toggle to another choice, or a run button
         control.click()
     handle = outputs.element_handle()
     page.wait_for_function(
