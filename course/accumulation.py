@@ -18,6 +18,7 @@ import torch
 from IPython.display import display
 from torch import nn
 
+from course.data import mlp
 from course.plotting import new_figure
 
 MicroBatches = list[tuple[torch.Tensor, torch.Tensor]]
@@ -47,14 +48,7 @@ def dropout_mlp(sizes: Sequence[int] = (64, 128, 128, 10), p: float = 0.2) -> nn
     Dropout draws a random mask on every training forward pass, so resuming its training
     bit-identically needs the random number generator's state as well as the weights.
     """
-    if len(sizes) < 2:
-        raise ValueError(f"an MLP needs at least an input and an output size, got {sizes}")
-    layers: list[nn.Module] = []
-    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-        layers.append(nn.Linear(n_in, n_out))
-        if i < len(sizes) - 2:
-            layers += [nn.ReLU(), nn.Dropout(p)]
-    return nn.Sequential(*layers)
+    return mlp(tuple(sizes), dropout=p)
 
 
 def full_batch_grads(

@@ -28,8 +28,11 @@ def digits(device: torch.device | str = "cpu", test_fraction: float = 0.25, seed
     return (t.to(device) for t in (x[train], y[train], x[test], y[test]))
 
 
-def mlp(sizes: tuple[int, ...] = (64, 256, 256, 10), norm: bool = False) -> nn.Sequential:
-    """A plain MLP with ReLU between layers and optional BatchNorm before each ReLU (lesson 01)."""
+def mlp(
+    sizes: tuple[int, ...] = (64, 256, 256, 10), norm: bool = False, dropout: float = 0.0
+) -> nn.Sequential:
+    """An MLP with ReLU between layers (lesson 01), optional BatchNorm before each ReLU and,
+    with ``dropout`` > 0, Dropout after it (lesson 05)."""
     if len(sizes) < 2:
         raise ValueError(f"an MLP needs at least an input and an output size, got {sizes}")
     layers: list[nn.Module] = []
@@ -39,6 +42,8 @@ def mlp(sizes: tuple[int, ...] = (64, 256, 256, 10), norm: bool = False) -> nn.S
             if norm:
                 layers.append(nn.BatchNorm1d(n_out))
             layers.append(nn.ReLU())
+            if dropout:
+                layers.append(nn.Dropout(dropout))
     return nn.Sequential(*layers)
 
 

@@ -10,6 +10,8 @@ import os
 import platform
 import random
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,6 +88,25 @@ def describe_device(device: torch.device) -> str:
         pass
     amx = "with AMX" if cpu_has_amx() else "without AMX"
     return f"CPU {cpu} ({torch.get_num_threads()} threads, {amx}), torch {torch.__version__}"
+
+
+@contextmanager
+def one_cpu_thread(device: torch.device | str = "cpu") -> Iterator[None]:
+    """Run torch's CPU ops on one thread inside the block, then restore the count (lesson 02).
+
+    Lessons that train tiny models run thousands of small ops one after another; waking several
+    threads for each costs far more than the op itself, above all on a busy machine. Does
+    nothing when ``device`` is a GPU.
+    """
+    if torch.device(device).type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def seed_everything(seed: int = 0) -> None:

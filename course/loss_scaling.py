@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,28 +21,16 @@ from IPython.display import display
 from torch import nn
 
 from course.data import digits, mlp
+from course.device import one_cpu_thread
 from course.plotting import new_figure
 
 #: The weight lesson 02 puts on its loss: it stands in for the tiny gradients of big models.
 LOSS_WEIGHT = 2.0**-16
 
 
-@contextmanager
-def small_model_threads(device: torch.device | str) -> Iterator[None]:
-    """Run the block on one CPU thread, then restore the thread count (lesson 02).
-
-    The lesson's models are so small that splitting their matrix products over several CPU
-    threads costs more than it saves (much more on a busy machine). Does nothing on a GPU.
-    """
-    if torch.device(device).type != "cpu":
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+def small_model_threads(device: torch.device | str) -> AbstractContextManager[None]:
+    """Run the block on one CPU thread (lesson 02's tiny models); see ``one_cpu_thread``."""
+    return one_cpu_thread(device)
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ipywidgets as W
@@ -17,6 +17,7 @@ import torch
 from IPython.display import display
 from torch import nn
 
+from course.device import one_cpu_thread
 from course.plotting import new_figure
 
 #: The largest finite float16; lesson 04 draws it on its plots.
@@ -30,19 +31,9 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """Run torch's CPU ops on one thread inside the block, then restore the count (lesson 04).
-
-    The lesson's loops run thousands of tiny ops one after another; waking several threads for
-    each costs far more than the op itself, above all on a busy machine.
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+def one_thread() -> contextlib.AbstractContextManager[None]:
+    """Run torch's CPU ops on one thread inside the block (lesson 04); see ``one_cpu_thread``."""
+    return one_cpu_thread("cpu")
 
 
 def dtype_name(dtype: torch.dtype | None) -> str:
