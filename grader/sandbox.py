@@ -182,7 +182,7 @@ def bwrap_command(settings: Settings, python: str = sys.executable) -> list[str]
     parents: set[str] = set()
     for _, dest in binds:
         for parent in Path(dest).parents:
-            if str(parent) not in ("/", "/usr", "/etc"):
+            if str(parent) not in ("/", "/usr", "/etc", "/tmp"):
                 parents.add(str(parent))
     cmd = [
         "bwrap",
@@ -193,6 +193,14 @@ def bwrap_command(settings: Settings, python: str = sys.executable) -> list[str]
         "--die-with-parent",
         "--new-session",
         "--clearenv",
+        # The private /tmp comes first, so that binds below it (a course or venv that lives
+        # under /tmp, as in a CI checkout) are mounted on top of it rather than hidden by it.
+        "--perms",
+        "1777",
+        "--size",
+        str(limits.tmpfs_mb * 1024 * 1024),
+        "--tmpfs",
+        "/tmp",
     ]
     for parent in sorted(parents, key=lambda p: p.count("/")):
         cmd += ["--perms", "0755", "--dir", parent]
@@ -225,12 +233,6 @@ def bwrap_command(settings: Settings, python: str = sys.executable) -> list[str]
         "/dev",
         "--proc",
         "/proc",
-        "--perms",
-        "1777",
-        "--size",
-        str(limits.tmpfs_mb * 1024 * 1024),
-        "--tmpfs",
-        "/tmp",
         "--perms",
         "0777",
         "--size",
