@@ -66,12 +66,22 @@ def _leftovers() -> list[int]:
 
 @pytest.fixture(autouse=True)
 def no_leftover_processes():
-    """Every test must leave no child process behind."""
+    """Every test must leave no child process behind.
+
+    Processes that were already there when the test started (a JupyterLab server or browser
+    that another module's session fixture keeps on the same pytest worker) are not this
+    test's to end.
+    """
+    before = set(_leftovers())
+
+    def new() -> list[int]:
+        return [pid for pid in _leftovers() if pid not in before]
+
     yield
     deadline = time.monotonic() + 5
-    while _leftovers() and time.monotonic() < deadline:
+    while new() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _leftovers() == [], f"processes left behind: {_leftovers()}"
+    assert new() == [], f"processes left behind: {new()}"
 
 
 # ------------------------------------------------------------------------------------------
