@@ -50,11 +50,19 @@ def _alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] != "Z"
 
 
+#: Descendants that were already alive when the current test started (a JupyterLab server or a
+#: browser that another module's session fixture keeps on the same pytest worker): not this
+#: test's to end.
+_BASELINE: set[int] = set()
+
+
 def _leftovers() -> list[int]:
-    """Our descendants, except the resource tracker that ``spawn`` starts once per process
-    (it belongs to multiprocessing and exits with us)."""
+    """Our descendants started since the test began, except the resource tracker that ``spawn``
+    starts once per process (it belongs to multiprocessing and exits with us)."""
     found = []
     for pid in child_pids():
+        if pid in _BASELINE:
+            continue
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
@@ -66,22 +74,14 @@ def _leftovers() -> list[int]:
 
 @pytest.fixture(autouse=True)
 def no_leftover_processes():
-    """Every test must leave no child process behind.
-
-    Processes that were already there when the test started (a JupyterLab server or browser
-    that another module's session fixture keeps on the same pytest worker) are not this
-    test's to end.
-    """
-    before = set(_leftovers())
-
-    def new() -> list[int]:
-        return [pid for pid in _leftovers() if pid not in before]
-
+    """Every test must leave no child process behind."""
+    _BASELINE.clear()
+    _BASELINE.update(child_pids())
     yield
     deadline = time.monotonic() + 5
-    while new() and time.monotonic() < deadline:
+    while _leftovers() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert new() == [], f"processes left behind: {new()}"
+    assert _leftovers() == [], f"processes left behind: {_leftovers()}"
 
 
 # ------------------------------------------------------------------------------------------
