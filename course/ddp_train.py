@@ -380,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"spec: {asdict(spec)}")
                 print(report(gathered))
         finally:
+            # Leave together, so that no rank tears down a connection a peer still reads.
+            with contextlib.suppress(Exception):
+                dist.barrier()
             dist.destroy_process_group()
         return 0
     backend = pick_backend(args.world_size, None if args.backend == "auto" else args.backend)
@@ -394,6 +397,15 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # Run the importable copy of this module, so spawned (nccl) ranks can find train_worker.
+    from course.ddp_train import _under_torchrun
     from course.ddp_train import main as _main
 
-    sys.exit(_main())
+    code = _main()
+    if _under_torchrun():
+        # Gloo's worker threads can abort the interpreter's teardown ("terminate called without
+        # an active exception", SIGABRT) even after destroy_process_group(); the group is gone
+        # and the report printed, so leave without finalising, as course.distributed's ranks do.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
