@@ -16,6 +16,7 @@ what it skipped; ``--require-gpu`` makes a missing GPU a failure.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 import time
@@ -44,16 +45,22 @@ class Report:
             self.failed.append(what)
 
 
-def grade_lesson(lesson: str, work: Path) -> tuple[str, dict, float]:
+def grade_lesson(lesson: str, work: Path, save: Path | None) -> tuple[str, dict, float]:
     started = time.monotonic()
     nb = ROOT / "solutions" / lesson / f"{lesson}.ipynb"
     scores = autograde_notebooks(lesson, {"gpu-check": nb}, work / lesson)["gpu-check"]
+    if save is not None:
+        # The executed notebook, outputs and all: the figures it measured on this device.
+        graded = work / lesson / "autograded" / "gpu-check" / lesson / f"{lesson}.ipynb"
+        shutil.copy2(graded, save / f"{lesson}.ipynb")
     return lesson, scores, time.monotonic() - started
 
 
-def check_lessons(report: Report, lessons: list[str], jobs: int) -> None:
+def check_lessons(report: Report, lessons: list[str], jobs: int, save: Path | None) -> None:
+    if save is not None:
+        save.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp, ThreadPoolExecutor(jobs) as pool:
-        futures = [pool.submit(grade_lesson, lesson, Path(tmp)) for lesson in lessons]
+        futures = [pool.submit(grade_lesson, lesson, Path(tmp), save) for lesson in lessons]
         for future in futures:
             try:
                 lesson, scores, seconds = future.result()
@@ -178,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=4, help="lessons graded at once (default 4)")
     parser.add_argument("--quick", action="store_true", help="a short benchmark (for smoke tests)")
     parser.add_argument("--skip-benchmark", action="store_true", help="do not run the benchmark")
+    parser.add_argument(
+        "--save", type=Path, metavar="DIR", help="keep each executed, graded notebook in DIR"
+    )
     args = parser.parse_args(argv)
 
     report = Report()
@@ -198,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     lessons = args.lessons or sorted(
         p.name for p in (ROOT / "solutions").iterdir() if p.is_dir() and p.name[:2].isdigit()
     )
-    check_lessons(report, lessons, args.jobs)
+    check_lessons(report, lessons, args.jobs, args.save)
     if cuda:
         check_autocast_lists(report)
     else:

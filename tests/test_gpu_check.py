@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import nbformat
 import torch
 
 from grader import REPO_ROOT
@@ -22,11 +23,16 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_gpu_check_runs_on_this_machine():
-    proc = run("--lessons", "01-number-formats", "--quick")
+def test_gpu_check_runs_on_this_machine(tmp_path):
+    proc = run("--lessons", "01-number-formats", "--quick", "--save", str(tmp_path / "kept"))
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     assert "[PASS] 01-number-formats autograde" in out
+    kept = nbformat.read(tmp_path / "kept" / "01-number-formats.ipynb", as_version=4)
+    outputs = [o for c in kept.cells if c.cell_type == "code" for o in c.outputs]
+    assert any("Running on" in o.get("text", "") for o in outputs), (
+        "the executed notebook was not kept"
+    )
     assert "fp32" in out and "bf16-amp" in out, "the benchmark table was not printed"
     if not torch.cuda.is_available():
         assert "[SKIP] CUDA autocast op lists: needs a CUDA GPU" in out
