@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the importable copy of this module, so spawned (nccl) ranks can find train_worker.
+    # Run the importable copy of this module, so spawned ranks import train_worker by name.
     from course.ddp_train import _under_torchrun
     from course.ddp_train import main as _main
 

@@ -4,13 +4,16 @@
 process group and returns what each rank returned, in rank order. It is built for teaching
 and grading, where the code under test may be wrong:
 
-- **Start method.** ``gloo`` ranks (CPU) are started with ``fork``: the children inherit the
-  kernel's memory, so functions defined in notebook cells work (``spawn`` would have to pickle
-  them by name, and a notebook's ``__main__`` cannot be imported). ``nccl`` ranks (one GPU
-  each) are started with ``spawn``, because a process that has initialised CUDA cannot be
-  forked safely; their function must then live in an importable module, such as
-  :mod:`course.ddp_train`. Real multi-GPU and multi-node jobs use ``torchrun`` instead (see
-  :mod:`course.ddp_train`).
+- **Start method.** On a machine without a GPU, ranks are started with ``fork``: the
+  children inherit the kernel's memory (functions defined in notebook cells, imported
+  modules), which starts them in a fraction of a second. Where torch sees a GPU, ranks are
+  started with ``spawn`` (fresh interpreters), gloo ranks too: a process that has initialised
+  CUDA cannot be forked safely, and once a process has run a backward pass there, autograd has
+  started its per-device threads and a forked child refuses to run backward at all ("Unable
+  to handle autograd's threading in combination with fork-based multiprocessing"). Spawned
+  ranks receive ``fn`` and ``args`` *by value*, serialised with ``cloudpickle``, so functions
+  defined in notebook cells work there too. Real multi-GPU and multi-node jobs use
+  ``torchrun`` instead (see :mod:`course.ddp_train`).
 - **Rendezvous without ports.** Every launch gets a fresh temporary folder and the ranks meet
   through a ``FileStore`` in it (``init_method="file://..."``), so launches running in
   parallel (tests, several notebooks) never collide on a TCP port.
@@ -48,6 +51,7 @@ from multiprocessing.connection import wait as _wait_for
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -182,7 +186,7 @@ def _write(path: Path, payload: dict) -> None:
 
 
 def _child(
-    fn: Callable[..., Any],
+    fn: Callable[..., Any] | bytes,
     rank: int,
     world_size: int,
     args: tuple,
@@ -210,6 +214,8 @@ def _child(
     )
     code = 0
     try:
+        if isinstance(fn, bytes):  # spawned: fn and args travel by value (see launch)
+            fn, args = cloudpickle.loads(fn)
         if threads:
             torch.set_num_threads(threads)
         if backend == "nccl":
@@ -259,10 +265,26 @@ def _child(
 # The parent side
 
 
-def _importable(fn: Callable[..., Any]) -> bool:
-    module = getattr(fn, "__module__", None)
-    qualname = getattr(fn, "__qualname__", "")
-    return bool(module) and module != "__main__" and "<" not in qualname
+def fork_is_safe() -> bool:
+    """Whether ranks may be forked from this process: only where torch sees no accelerator.
+
+    With a GPU present, the first backward pass starts autograd's per-device threads, after
+    which a forked child cannot run backward; CUDA itself cannot be used across fork either.
+    """
+    return not torch.accelerator.is_available()
+
+
+def _by_value(fn: Callable[..., Any], args: tuple) -> bytes:
+    """``(fn, args)`` serialised with cloudpickle, for a spawned rank (which cannot see the
+    notebook's ``__main__``)."""
+    try:
+        return cloudpickle.dumps((fn, tuple(args)))
+    except Exception as exc:  # noqa: BLE001 - re-raised with what to do about it
+        raise ValueError(
+            f"{getattr(fn, '__qualname__', fn)!r} or its arguments cannot be sent to a new "
+            f"process ({type(exc).__name__}: {exc}). Pass plain values (numbers, tensors, "
+            "dataclasses) and build models, optimizers and locks inside the rank."
+        ) from exc
 
 
 def _read_outcome(folder: Path, rank: int) -> dict | None:
@@ -342,12 +364,12 @@ def launch(
     after ``timeout`` seconds, every one is killed and :class:`LaunchTimeout` is raised. In every
     case no process of the launch is left running when this function returns or raises.
 
-    ``start_method`` defaults to ``fork`` for gloo (so notebook functions work) and ``spawn``
-    for nccl (``fn`` must then be importable from a module). Forked ranks compute on one thread
-    each (GNU OpenMP cannot be used across fork); ``threads`` sets the torch thread count of
-    spawned ranks. Printed output
-    of the ranks is replayed with a ``[rank r]`` prefix when ``show_output``. Introduced in
-    lesson 06.
+    ``start_method`` defaults to ``fork`` where that is safe (no GPU, see
+    :func:`fork_is_safe`) and ``spawn`` elsewhere; spawned ranks get ``fn`` and ``args`` by
+    value through cloudpickle, so notebook functions work either way. Forked ranks compute on
+    one thread each (GNU OpenMP cannot be used across fork); ``threads`` sets the torch thread
+    count of spawned ranks (default: the CPUs shared among the ranks). Printed output of the
+    ranks is replayed with a ``[rank r]`` prefix when ``show_output``. Introduced in lesson 06.
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
@@ -355,15 +377,18 @@ def launch(
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if timeout <= 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
+    method = start_method or ("fork" if backend == "gloo" and fork_is_safe() else "spawn")
+    if method not in ("fork", "spawn", "forkserver"):
+        raise ValueError(f"start_method must be fork, spawn or forkserver, got {method!r}")
+    if method == "fork" and backend == "nccl":
+        raise ValueError("nccl ranks use CUDA, which cannot be used across fork: use spawn")
     if backend == "nccl":
         pick_backend(world_size, prefer="nccl")  # raises when there are too few GPUs
-    method = start_method or ("spawn" if backend == "nccl" else "fork")
-    if method != "fork" and not _importable(fn):
-        raise ValueError(
-            f"{getattr(fn, '__qualname__', fn)!r} is defined in a notebook cell (or inside a "
-            f"function), so '{method}' cannot send it to a new process. Put it in a .py module "
-            "and import it, or run it on gloo ranks, which are forked."
-        )
+    target: Any = fn
+    if method != "fork":
+        target, args = _by_value(fn, args), ()
+        if threads is None:
+            threads = max(1, (os.cpu_count() or 1) // world_size)
     if method == "fork":
         # GNU OpenMP's thread pool does not survive fork(): a forked rank that runs torch ops
         # on more than one thread can hang forever once the parent has used its pool.
@@ -385,7 +410,7 @@ def launch(
                 proc = ctx.Process(
                     target=_child,
                     args=(
-                        fn,
+                        target,
                         rank,
                         world_size,
                         tuple(args),
@@ -475,35 +500,51 @@ def _supervise(procs: list[Any], folder: Path, world_size: int, timeout: float) 
     return outcomes
 
 
-def child_pids() -> list[int]:
+#: Command-line marks of multiprocessing's own helper processes: ``spawn`` starts a resource
+#: tracker once per process (it stays, and exits with its parent), ``forkserver`` a server.
+_MP_HELPERS = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver")
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def child_pids(include_helpers: bool = False) -> list[int]:
     """PIDs of this process's living descendants (psutil when installed, else /proc).
 
-    Used by the tests to check that a launch leaves no process behind. Introduced in lesson 06.
+    multiprocessing's own helpers (the resource tracker ``spawn`` starts once and keeps until
+    this process exits) are left out unless ``include_helpers``: they are not ranks. Used to
+    check that a launch leaves no process behind. Introduced in lesson 06.
     """
     try:
         import psutil
     except ImportError:
         psutil = None
+    found: list[int] = []
     if psutil is not None:
-        found = []
         for child in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.NoSuchProcess):
                 if child.status() != psutil.STATUS_ZOMBIE:
                     found.append(child.pid)
+    else:
+        parents: dict[int, int] = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    stat = (entry / "stat").read_text()
+                    fields = stat[stat.rindex(")") + 2 :].split()
+                    if fields[0] != "Z":
+                        parents[int(entry.name)] = int(fields[1])
+        frontier = {os.getpid()}
+        while frontier:
+            frontier = {pid for pid, ppid in parents.items() if ppid in frontier}
+            found.extend(sorted(frontier))
+    if include_helpers:
         return found
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                stat = (entry / "stat").read_text()
-                fields = stat[stat.rindex(")") + 2 :].split()
-                if fields[0] != "Z":
-                    parents[int(entry.name)] = int(fields[1])
-    mine, frontier = [], {os.getpid()}
-    while frontier:
-        frontier = {pid for pid, ppid in parents.items() if ppid in frontier}
-        mine.extend(sorted(frontier))
-    return mine
+    return [pid for pid in found if not any(mark in _cmdline(pid) for mark in _MP_HELPERS)]
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import course.distributed as D
 from course.ddp_train import (
     TrainSpec,
     fp16_sum_worker,
@@ -57,19 +58,9 @@ _BASELINE: set[int] = set()
 
 
 def _leftovers() -> list[int]:
-    """Our descendants started since the test began, except the resource tracker that ``spawn``
-    starts once per process (it belongs to multiprocessing and exits with us)."""
-    found = []
-    for pid in child_pids():
-        if pid in _BASELINE:
-            continue
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"resource_tracker" not in cmdline:
-            found.append(pid)
-    return found
+    """Our descendants started since the test began (multiprocessing's resource tracker, which
+    ``spawn`` starts once per process and which exits with us, is not counted by child_pids)."""
+    return [pid for pid in child_pids() if pid not in _BASELINE]
 
 
 @pytest.fixture(autouse=True)
@@ -230,9 +221,39 @@ def test_parallel_launches_do_not_collide():
     assert results[100][0]["sum"].item() == 201 and results[200][1]["sum"].item() == 401
 
 
-def test_spawn_refuses_functions_it_cannot_import():
-    with pytest.raises(ValueError, match="cannot send it to a new process"):
-        launch(lambda rank, world_size: rank, 2, start_method="spawn")
+def test_ranks_are_spawned_where_fork_is_unsafe_and_get_notebook_functions_by_value(
+    monkeypatch,
+):
+    """Where torch sees a GPU, gloo ranks are spawned; a function defined in a cell (here: a
+    closure, which no module can import) still reaches them, by value."""
+    offset = 10
+
+    def cell_function(rank, world_size):
+        import sys
+
+        total = torch.tensor([float(rank + offset)])
+        dist.all_reduce(total)
+        return {"sum": total.item(), "inherited_pytest": "pytest" in sys.modules}
+
+    monkeypatch.setattr(D, "fork_is_safe", lambda: False)
+    results = launch(cell_function, 2, timeout=300, show_output=False)
+    assert [r["sum"] for r in results] == [21.0, 21.0]
+    assert not any(r["inherited_pytest"] for r in results), "the ranks were forked, not spawned"
+    helpers = set(child_pids(include_helpers=True)) - set(child_pids())
+    assert helpers and all(b"resource_tracker" in D._cmdline(p) for p in helpers), (
+        "spawn's resource tracker should be running, and be the only process left out"
+    )
+    monkeypatch.setattr(D, "fork_is_safe", lambda: True)
+    forked = launch(cell_function, 2, timeout=120, show_output=False)
+    assert all(r["inherited_pytest"] for r in forked), "without a GPU, ranks are forked"
+
+
+def test_spawn_refuses_what_cannot_travel_with_a_clear_message():
+    lock = threading.Lock()
+    with pytest.raises(ValueError, match="cannot be sent to a new process"):
+        launch(lambda rank, world_size, lk: rank, 2, (lock,), start_method="spawn")
+    with pytest.raises(ValueError, match="cannot be used across fork"):
+        launch(_rank_sum, 2, (0,), backend="nccl", start_method="fork")
 
 
 def test_bad_arguments_are_refused():
