@@ -13,7 +13,8 @@ channels-last memory format. Every mode trains the same model from the same init
 SGD; all modes of a size are measured side by side in one run, interleaved round by round, so
 their ratios are comparable. Step time comes from ``torch.utils.benchmark.Timer``'s
 ``blocked_autorange`` (the fastest of the rounds); peak memory from
-``torch.cuda.max_memory_allocated`` after ``torch.cuda.reset_peak_memory_stats`` (CUDA only: on
+``torch.cuda.max_memory_allocated`` after ``torch.cuda.reset_peak_memory_stats``, less what was
+allocated before the mode's model was built (CUDA only: on
 the CPU it is not measured).
 """
 
@@ -267,20 +268,66 @@ class Result:
         return self.step_time is not None
 
 
-def _peak_memory(setup: StepSetup, device: torch.device, steps: int = 2) -> int:
-    """Peak bytes allocated on ``device`` while ``setup`` takes ``steps`` steps (CUDA only)."""
+def _peak_memory(setup: StepSetup, device: torch.device, baseline: int, steps: int = 2) -> int:
+    """Peak bytes allocated on ``device`` above ``baseline`` (what was allocated before the
+    setup was built) while ``setup`` takes ``steps`` steps (CUDA only)."""
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     for _ in range(steps):
         setup.step()
     torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device)
+    return torch.cuda.max_memory_allocated(device) - baseline
 
 
 def _free(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def _warm_up(
+    mode: Mode, model: str, size: int, batch_size: int, device: torch.device, image_size: int
+) -> None:
+    """One step of a freshly built (mode, size), so that its one-time allocations are made."""
+    setup = make_setup(mode, model, size, batch_size, device, image_size)
+    with math_mode(mode.tf32):
+        setup.step()
+
+
+def _measure(
+    mode: Mode,
+    model: str,
+    size: int,
+    batch_size: int,
+    device: torch.device,
+    image_size: int,
+    warmup: int,
+    min_run_time: float,
+    memory: bool,
+) -> tuple[float, int | None]:
+    """Median step time of one freshly built (mode, size), and its peak memory if ``memory``.
+
+    A function of its own so that nothing of the setup (the timer holds its ``step``) is alive
+    when the next one is built: the next mode's peak memory must not include this one's model.
+    """
+    _free(device)
+    baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    setup = make_setup(mode, model, size, batch_size, device, image_size)
+    peak = None
+    with math_mode(mode.tf32):
+        for _ in range(warmup):
+            setup.step()
+        if memory:
+            peak = _peak_memory(setup, device, baseline)
+        timer = tbench.Timer(
+            stmt="step()",
+            globals={"step": setup.step},
+            num_threads=torch.get_num_threads(),
+            label=f"{model} {size}",
+            description=mode.name,
+        )
+        median = timer.blocked_autorange(min_run_time=min_run_time).median
+    return median, peak
 
 
 def run_benchmark(
@@ -301,7 +348,9 @@ def run_benchmark(
     Each of ``repeats`` rounds builds every (size, mode) afresh and times it with
     ``torch.utils.benchmark.Timer.blocked_autorange(min_run_time=...)`` (the median of its blocks);
     a mode's step time is the fastest round, since a busy machine only ever adds time. On CUDA the
-    first round also records the peak memory of two steps. Modes the device cannot run come back
+    first round also records the peak memory of two steps, above what was allocated before the
+    mode's model was built (every mode takes one warm-up step beforehand, so that one-time
+    cuBLAS/cuDNN workspaces are in every baseline). Modes the device cannot run come back
     unmeasured with a ``note`` saying why. ``progress(done, total, label)`` is called after each
     measurement.
     """
@@ -326,27 +375,24 @@ def run_benchmark(
     runnable = [m for m in parsed if not unsupported_reason(m, dev, model)]
     times: dict[tuple[int, str], list[float]] = {(s, m.name): [] for s in sizes for m in runnable}
     total, done = len(times) * repeats, 0
+    if dev.type == "cuda":
+        # A process's first cuBLAS/cuDNN calls allocate workspaces that stay allocated (tens of
+        # MiB on recent GPUs). Let every mode make them before anything is measured, so they sit
+        # in each mode's baseline instead of in the first measured mode's peak.
+        for size in sizes:
+            for m in runnable:
+                _warm_up(m, model, size, batch_size, dev, image_size)
     # Round after round, every (size, mode) once: a busy spell slows all of them alike.
     for round_ in range(repeats):
         for size in sizes:
             for m in runnable:
-                setup = make_setup(m, model, size, batch_size, dev, image_size)
-                with math_mode(m.tf32):
-                    for _ in range(warmup):
-                        setup.step()
-                    if round_ == 0 and dev.type == "cuda":
-                        rows[(size, m.name)].peak_memory = _peak_memory(setup, dev)
-                    timer = tbench.Timer(
-                        stmt="step()",
-                        globals={"step": setup.step},
-                        num_threads=torch.get_num_threads(),
-                        label=f"{model} {size}",
-                        description=m.name,
-                    )
-                    measurement = timer.blocked_autorange(min_run_time=min_run_time)
-                    times[(size, m.name)].append(measurement.median)
-                del setup
-                _free(dev)
+                memory = round_ == 0 and dev.type == "cuda"
+                median, peak = _measure(
+                    m, model, size, batch_size, dev, image_size, warmup, min_run_time, memory
+                )
+                times[(size, m.name)].append(median)
+                if memory:
+                    rows[(size, m.name)].peak_memory = peak
                 done += 1
                 if progress is not None:
                     progress(done, total, f"{m.name} (size {size}, round {round_ + 1})")

@@ -83,7 +83,7 @@ def check_lessons(report: Report, lessons: list[str], jobs: int, save: Path | No
                 )
 
 
-#: One call per documented op, on float32 CUDA tensors, to read the dtype autocast gives it.
+#: One call per documented op, on float32 tensors, to read the dtype autocast gives it.
 def _op_calls(x: torch.Tensor, w: torch.Tensor) -> dict:
     return {
         "linear": lambda: F.linear(x, w),
@@ -102,34 +102,37 @@ def _op_calls(x: torch.Tensor, w: torch.Tensor) -> dict:
     }
 
 
-def check_autocast_lists(report: Report) -> None:
+def check_autocast_lists(report: Report, device: str, dtype: torch.dtype) -> None:
+    """Lesson 03's documented autocast lists against what autocast does on ``device``."""
     from course import autocast as ac
 
-    x = torch.randn(8, 8, device="cuda")
-    w = torch.randn(8, 8, device="cuda")
+    where = device.upper()
+    x = torch.randn(8, 8, device=device)
+    w = torch.randn(8, 8, device=device)
     wrong = []
-    for op, call in _op_calls(x, w).items():
-        with torch.amp.autocast("cuda", dtype=torch.float16):
+    calls = _op_calls(x, w)
+    for op, call in calls.items():
+        with torch.amp.autocast(device, dtype=dtype):
             got = call().dtype
-        want = ac.documented_dtype(op, (torch.float32,), "cuda", torch.float16)
+        want = ac.documented_dtype(op, (torch.float32,), device, dtype)
         if got != want:
             wrong.append(f"{op}: documented {want}, measured {got}")
-    with torch.amp.autocast("cuda", dtype=torch.float16):
-        try:
-            F.binary_cross_entropy(torch.sigmoid(x), torch.rand_like(x))
-            wrong.append("binary_cross_entropy: documented as refused, but it ran")
-        except RuntimeError:
-            pass
+    checked = len(calls)
+    if device == "cuda" and dtype == torch.float16:
+        checked += 1
+        with torch.amp.autocast(device, dtype=dtype):
+            try:
+                F.binary_cross_entropy(torch.sigmoid(x), torch.rand_like(x))
+                wrong.append("binary_cross_entropy: documented as refused, but it ran")
+            except RuntimeError:
+                pass
+    name = f"{where} autocast op lists ({ac.short(dtype)})"
     if wrong:
-        report.line("FAIL", "CUDA autocast op lists", "; ".join(wrong))
+        report.line("FAIL", name, "; ".join(wrong))
     else:
-        report.line(
-            "PASS",
-            "CUDA autocast op lists",
-            f"{len(_op_calls(x, w)) + 1} ops behave as documented under float16",
-        )
+        report.line("PASS", name, f"{checked} ops behave as documented")
 
-    model = ac.row_attention(device="cuda")
+    model = ac.row_attention(device=device)
     measured: dict[str, torch.dtype] = {}
     hooks = [
         module.register_forward_hook(
@@ -141,21 +144,18 @@ def check_autocast_lists(report: Report) -> None:
         if name
     ]
     try:
-        with torch.amp.autocast("cuda", dtype=torch.float16):
-            model(torch.randn(4, 6, 32, device="cuda"))
+        with torch.amp.autocast(device, dtype=dtype):
+            model(ac.digit_images(4, device=device))
     finally:
         for h in hooks:
             h.remove()
-    documented = ac.documented_layer_dtypes(ac.ROW_ATTENTION_OPS, "cuda", torch.float16)
+    documented = ac.documented_layer_dtypes(ac.ROW_ATTENTION_OPS, device, dtype)
     diff = {k: (v, measured.get(k)) for k, v in documented.items() if measured.get(k) != v}
-    if diff:
-        report.line("FAIL", "lesson 03 documented CUDA table", f"documented vs measured: {diff}")
+    name = f"lesson 03 documented {where} layer table ({ac.short(dtype)})"
+    if not measured or diff:
+        report.line("FAIL", name, f"documented vs measured: {diff or 'no layer ran'}")
     else:
-        report.line(
-            "PASS",
-            "lesson 03 documented CUDA table",
-            f"{len(documented)} layers match CUDA float16 autocast",
-        )
+        report.line("PASS", name, f"{len(documented)} layers match autocast")
 
 
 def check_benchmark(report: Report, device: str, quick: bool) -> None:
@@ -176,6 +176,16 @@ def check_benchmark(report: Report, device: str, quick: bool) -> None:
         report.line("FAIL", "lesson 07 benchmark", repr(exc))
         return
     report.line("PASS" if code == 0 else "FAIL", "lesson 07 benchmark", f"exit {code}")
+    if device == "cuda":
+        # TF32 changes the math, not what is stored: its peak memory must match fp32's. A gap
+        # means one mode's peak includes something else (a workspace, a previous mode's model).
+        rows = benchmark.run_benchmark(
+            ["fp32", "tf32"], sizes=(1024,), batch_size=256, repeats=1, min_run_time=0.05
+        )
+        fp32, tf32 = (r.peak_memory for r in rows)
+        detail = f"fp32 {fp32 / 2**20:.1f} MiB, tf32 {tf32 / 2**20:.1f} MiB"
+        same = abs(fp32 - tf32) <= 0.02 * fp32
+        report.line("PASS" if same else "FAIL", "benchmark peak memory fp32 = tf32", detail)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,9 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     check_lessons(report, lessons, args.jobs, args.save)
     if cuda:
-        check_autocast_lists(report)
+        check_autocast_lists(report, "cuda", torch.float16)
+        check_autocast_lists(report, "cuda", torch.bfloat16)
     else:
         report.line("SKIP", "CUDA autocast op lists", "needs a CUDA GPU")
+    check_autocast_lists(report, "cpu", torch.bfloat16)
     if not args.skip_benchmark:
         check_benchmark(report, device.type, args.quick)
     verdict = "FAILED: " + ", ".join(report.failed) if report.failed else "all checks passed"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 
@@ -91,6 +92,20 @@ def test_run_benchmark_on_cpu_measures_what_exists_and_says_what_not():
         assert r.speedup == pytest.approx(by["fp32"].step_time / r.step_time)
         assert r.memory_saving is None
     assert [c[:2] for c in calls] == [(1, 3), (2, 3), (3, 3)]
+
+
+def test_no_setup_outlives_its_measurement():
+    """A mode's peak memory (CUDA) must not include the previous mode's model and optimizer:
+    by the time the next mode is built, nothing of the last setup may be alive."""
+
+    def live_setups() -> int:
+        gc.collect()
+        return sum(type(o) is B.StepSetup for o in gc.get_objects())
+
+    before = live_setups()
+    alive = []
+    B.run_benchmark(["bf16-amp"], progress=lambda *a: alive.append(live_setups()), **TINY)
+    assert alive == [before, before], f"setups still alive after each measurement: {alive}"
 
 
 def test_run_benchmark_gives_one_block_per_size_and_rejects_bad_arguments():

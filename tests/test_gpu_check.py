@@ -37,6 +37,8 @@ def test_gpu_check_runs_on_this_machine(tmp_path):
     if not torch.cuda.is_available():
         assert "[SKIP] CUDA autocast op lists: needs a CUDA GPU" in out
         assert "torch sees no GPU" in out
+    assert "[PASS] CPU autocast op lists (bfloat16)" in out
+    assert "[PASS] lesson 03 documented CPU layer table (bfloat16)" in out
 
 
 def test_gpu_check_can_insist_on_a_gpu():
