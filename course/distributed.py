@@ -395,7 +395,6 @@ def launch(
         if threads not in (None, 1):
             raise ValueError(f"forked ranks run on one thread each; threads={threads!r}")
         threads = 1
-    if method == "fork":
         _preload()
     ctx = mp.get_context(method)
     folder = Path(tempfile.mkdtemp(prefix="course-dist-"))

@@ -25,24 +25,12 @@ def _cmd_release(args: argparse.Namespace) -> int:
             print("lessons/ is in sync with solutions/.")
             return 0
         ids = release(root, args.lesson or None)
-    except ReleaseError as exc:
-        print(exc, file=sys.stderr)
-        print("lessons/ was left as it was.", file=sys.stderr)
-        return 2
-    except RuntimeError as exc:
+    except (ReleaseError, RuntimeError) as exc:  # RuntimeError: nbgrader itself failed
         print(exc, file=sys.stderr)
         print("lessons/ was left as it was.", file=sys.stderr)
         return 2
     print(f"released {len(ids)} lessons into {root / 'lessons'}: {', '.join(ids)}")
     return 0
-
-
-def _lessons_arg(root: Path, lesson: str | None) -> list[str]:
-    if lesson:
-        return [lesson]
-    return sorted(
-        p.name for p in (root / "solutions").iterdir() if p.is_dir() and p.name[:2].isdigit()
-    )
 
 
 def _cmd_package(args: argparse.Namespace) -> int:
@@ -207,6 +195,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    def common(p: argparse.ArgumentParser, db: bool = False) -> None:
+        p.add_argument(
+            "--root", default=str(REPO_ROOT), help="course directory (default: this repo)"
+        )
+        if db:
+            p.add_argument(
+                "--db-url",
+                default=None,
+                help="nbgrader gradebook URL (default: sqlite:///ROOT/gradebook.db; "
+                "postgresql://... to share one gradebook between machines)",
+            )
+
     p = sub.add_parser(
         "release",
         help="regenerate lessons/ from solutions/ through nbgrader",
@@ -224,20 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ID",
         help="release only this lesson (repeatable); the others stay as they are",
     )
-    p.add_argument("--root", default=str(REPO_ROOT), help="course directory (default: this repo)")
+    common(p)
     p.set_defaults(func=_cmd_release)
-
-    def common(p: argparse.ArgumentParser, db: bool = False) -> None:
-        p.add_argument(
-            "--root", default=str(REPO_ROOT), help="course directory (default: this repo)"
-        )
-        if db:
-            p.add_argument(
-                "--db-url",
-                default=None,
-                help="nbgrader gradebook URL (default: sqlite:///ROOT/gradebook.db; "
-                "postgresql://... to share one gradebook between machines)",
-            )
 
     p = sub.add_parser(
         "package",

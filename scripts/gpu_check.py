@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from course.device import describe_device  # noqa: E402
 from grader.gradebook import autograde_notebooks  # noqa: E402
+from grader.release import lesson_ids  # noqa: E402
 
 
 class Report:
@@ -215,9 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             "torch sees no GPU: notebooks run on the CPU, CUDA-only "
             "checks (autocast lists, TF32, fp16/bf16 speed and peak memory) are skipped",
         )
-    lessons = args.lessons or sorted(
-        p.name for p in (ROOT / "solutions").iterdir() if p.is_dir() and p.name[:2].isdigit()
-    )
+    lessons = args.lessons or lesson_ids(ROOT / "solutions")
     check_lessons(report, lessons, args.jobs, args.save)
     if cuda:
         check_autocast_lists(report, "cuda", torch.float16)

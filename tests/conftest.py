@@ -13,10 +13,11 @@ import pytest
 
 from grader import REPO_ROOT
 from grader.gradebook import CellScore, autograde_notebooks
+from grader.release import lesson_ids
 
 SOLUTIONS = REPO_ROOT / "solutions"
 LESSONS = REPO_ROOT / "lessons"
-LESSON_IDS = sorted(p.name for p in SOLUTIONS.iterdir() if p.is_dir() and p.name[:2].isdigit())
+LESSON_IDS = lesson_ids(SOLUTIONS)
 
 
 def _load_variants() -> dict[str, dict[str, tuple[str, str]]]:
