@@ -380,9 +380,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"spec: {asdict(spec)}")
                 print(report(gathered))
         finally:
-            # Leave together, so that no rank tears down a connection a peer still reads.
-            with contextlib.suppress(Exception):
-                dist.barrier()
             dist.destroy_process_group()
         return 0
     backend = pick_backend(args.world_size, None if args.backend == "auto" else args.backend)

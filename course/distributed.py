@@ -385,10 +385,6 @@ def launch(
     if backend == "nccl":
         pick_backend(world_size, prefer="nccl")  # raises when there are too few GPUs
     target: Any = fn
-    if method != "fork":
-        target, args = _by_value(fn, args), ()
-        if threads is None:
-            threads = max(1, (os.cpu_count() or 1) // world_size)
     if method == "fork":
         # GNU OpenMP's thread pool does not survive fork(): a forked rank that runs torch ops
         # on more than one thread can hang forever once the parent has used its pool.
@@ -396,6 +392,10 @@ def launch(
             raise ValueError(f"forked ranks run on one thread each; threads={threads!r}")
         threads = 1
         _preload()
+    else:
+        target, args = _by_value(fn, args), ()
+        if threads is None:
+            threads = max(1, (os.cpu_count() or 1) // world_size)
     ctx = mp.get_context(method)
     folder = Path(tempfile.mkdtemp(prefix="course-dist-"))
     procs: list[Any] = []
