@@ -512,8 +512,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m course.benchmark`` (lesson 07)."""
+def run_from_args(argv: Sequence[str] | None = None) -> tuple[list[Result], torch.device]:
+    """The measurements ``python -m course.benchmark ARGV`` prints, and the device they ran on.
+
+    Bad arguments exit through argparse, as on the command line.
+    """
     args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -539,6 +542,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         device=device,
         image_size=args.image_size,
     )
+    return results, device
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m course.benchmark`` (lesson 07)."""
+    results, device = run_from_args(argv)
     print(format_table(results, describe_device(device)))
     return 0
 
