@@ -1,4 +1,4 @@
-"""Step time, throughput and peak memory of one training step in each precision mode (lesson 07).
+"""Step time, throughput and peak memory of one training step in each precision mode (lesson 09).
 
 Run it as a script to measure the machine you are on::
 
@@ -62,7 +62,7 @@ CPU_HALF_FLAGS: tuple[str, ...] = ("amx_bf16", "avx512_bf16", "amx_fp16", "avx51
 
 def cpu_half_precision_flags() -> dict[str, bool]:
     """Which of :data:`CPU_HALF_FLAGS` this CPU reports (all False where /proc/cpuinfo is
-    missing) (lesson 07). AMX tiles (recent Xeons) and AVX-512 BF16 dot products (e.g. AMD Zen 4)
+    missing) (lesson 09). AMX tiles (recent Xeons) and AVX-512 BF16 dot products (e.g. AMD Zen 4)
     both let bfloat16 autocast run faster than float32 on a CPU."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
@@ -73,7 +73,7 @@ def cpu_half_precision_flags() -> dict[str, bool]:
 
 
 def describe_cpu_half_precision() -> str:
-    """One line naming the CPU's 16-bit float instructions, present and absent (lesson 07)."""
+    """One line naming the CPU's 16-bit float instructions, present and absent (lesson 09)."""
     found = cpu_half_precision_flags()
     present = [f for f, ok in found.items() if ok]
     absent = [f for f, ok in found.items() if not ok]
@@ -85,7 +85,7 @@ def describe_cpu_half_precision() -> str:
 
 @dataclass(frozen=True)
 class Mode:
-    """One precision configuration of a training step (lesson 07)."""
+    """One precision configuration of a training step (lesson 09)."""
 
     name: str
     amp_dtype: torch.dtype | None
@@ -99,7 +99,7 @@ class Mode:
 
 
 def parse_mode(name: str) -> Mode:
-    """The :class:`Mode` called ``name`` (e.g. ``"bf16-amp"``, ``"fp16-amp+cl"``) (lesson 07)."""
+    """The :class:`Mode` called ``name`` (e.g. ``"bf16-amp"``, ``"fp16-amp+cl"``) (lesson 09)."""
     base, cl = (
         (name[: -len(CHANNELS_LAST)], True) if name.endswith(CHANNELS_LAST) else (name, False)
     )
@@ -113,7 +113,7 @@ def parse_mode(name: str) -> Mode:
 
 
 def unsupported_reason(mode: str | Mode, device: torch.device | str, model: str = "mlp") -> str:
-    """Why ``mode`` cannot be measured on ``device`` for ``model``; ``""`` if it can (lesson 07)."""
+    """Why ``mode`` cannot be measured on ``device`` for ``model``; ``""`` if it can (lesson 09)."""
     m = parse_mode(mode) if isinstance(mode, str) else mode
     device = torch.device(device)
     if m.channels_last and model != "cnn":
@@ -133,7 +133,7 @@ def unsupported_reason(mode: str | Mode, device: torch.device | str, model: str 
 
 
 class SmallConvNet(nn.Module):
-    """Three 3x3 convolutions, global average pooling and a linear classifier (lesson 07)."""
+    """Three 3x3 convolutions, global average pooling and a linear classifier (lesson 09)."""
 
     def __init__(self, channels: int = 32) -> None:
         super().__init__()
@@ -155,7 +155,7 @@ class SmallConvNet(nn.Module):
 
 def build_model(model: str, size: int) -> nn.Module:
     """The benchmark's model: ``mlp`` (3 layers of width ``size``) or ``cnn`` (``size``
-    channels) (lesson 07)."""
+    channels) (lesson 09)."""
     if model == "mlp":
         return mlp((size, size, size, NUM_CLASSES))
     if model == "cnn":
@@ -171,7 +171,7 @@ def make_batch(
     image_size: int = 32,
     seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random inputs and labels for one step of ``model`` (lesson 07)."""
+    """Random inputs and labels for one step of ``model`` (lesson 09)."""
     gen = torch.Generator().manual_seed(seed)
     if model == "mlp":
         x = torch.randn(batch_size, size, generator=gen)
@@ -184,7 +184,7 @@ def make_batch(
 @contextlib.contextmanager
 def math_mode(tf32: bool) -> Iterator[None]:
     """Float32 matmuls and convolutions in TF32 (``tf32=True``) or in full float32, restoring the
-    previous settings afterwards (lesson 07). Only CUDA reads these settings."""
+    previous settings afterwards (lesson 09). Only CUDA reads these settings."""
     old_precision = torch.get_float32_matmul_precision()
     old_cudnn = torch.backends.cudnn.allow_tf32
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
@@ -230,7 +230,7 @@ def make_setup(
     image_size: int = 32,
     seed: int = 0,
 ) -> StepSetup:
-    """A fresh :class:`StepSetup`; every mode starts from the same weights (lesson 07)."""
+    """A fresh :class:`StepSetup`; every mode starts from the same weights (lesson 09)."""
     torch.manual_seed(seed)
     net = build_model(model, size).to(device)
     x, y = make_batch(model, size, batch_size, device, image_size, seed)
@@ -244,7 +244,7 @@ def make_setup(
 
 @dataclass
 class Result:
-    """One row of the benchmark table (lesson 07). Times in seconds, memory in bytes."""
+    """One row of the benchmark table (lesson 09). Times in seconds, memory in bytes."""
 
     mode: str
     model: str
@@ -342,7 +342,7 @@ def run_benchmark(
     warmup: int = 3,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> list[Result]:
-    """Measure a training step in every mode, side by side, for each size (lesson 07).
+    """Measure a training step in every mode, side by side, for each size (lesson 09).
 
     ``fp32`` is always measured (added if missing): speed-up and memory saving are relative to it.
     Each of ``repeats`` rounds builds every (size, mode) afresh and times it with
@@ -422,7 +422,7 @@ def _fmt_time(seconds: float | None) -> str:
 
 
 def format_table(results: Sequence[Result], device_description: str = "") -> str:
-    """The benchmark as a text table with notes on what was not measured (lesson 07)."""
+    """The benchmark as a text table with notes on what was not measured (lesson 09)."""
     head = (
         f"{'mode':<13}{'model':>6}{'size':>6}{'batch':>7}{'step time':>12}{'throughput':>19}"
         f"{'peak memory':>14}{'speed-up':>10}{'mem saving':>12}"
@@ -470,7 +470,7 @@ def format_table(results: Sequence[Result], device_description: str = "") -> str
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m course.benchmark`` (lesson 07)."""
+    """The command line of ``python -m course.benchmark`` (lesson 09)."""
     p = argparse.ArgumentParser(
         prog="python -m course.benchmark",
         description=(
@@ -546,7 +546,7 @@ def run_from_args(argv: Sequence[str] | None = None) -> tuple[list[Result], torc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m course.benchmark`` (lesson 07)."""
+    """Entry point of ``python -m course.benchmark`` (lesson 09)."""
     results, device = run_from_args(argv)
     print(format_table(results, describe_device(device)))
     return 0

@@ -1,4 +1,4 @@
-"""The capstone's helpers: a benchmark dashboard, training curves and float8 demos (lesson 07).
+"""The capstone's helpers: a benchmark dashboard, training curves and float8 demos (lesson 09).
 
 The graded exercises (``train_compare`` and the ``DelayedScaling`` float8 scaler) are left to the
 student; the helpers here measure, plot and replay what those exercises produce.
@@ -21,7 +21,7 @@ FP8_FORMATS: tuple[torch.dtype, ...] = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def fp8_max(fmt: torch.dtype) -> float:
-    """The largest finite value of a float8 format: 448 for e4m3fn, 57344 for e5m2 (lesson 07)."""
+    """The largest finite value of a float8 format: 448 for e4m3fn, 57344 for e5m2 (lesson 09)."""
     if fmt not in FP8_FORMATS:
         raise ValueError(f"{fmt} is not one of the float8 formats {FP8_FORMATS}")
     return float(torch.finfo(fmt).max)
@@ -32,7 +32,7 @@ def cast_table(
     dtypes: Sequence[torch.dtype] = FP8_FORMATS,
     device: torch.device | str = "cpu",
 ) -> str:
-    """What a plain ``.to(dtype)`` on ``device`` does to each value, as a text table (lesson 07).
+    """What a plain ``.to(dtype)`` on ``device`` does to each value, as a text table (lesson 09).
 
     Nothing is clamped or scaled here: the table shows the cast itself, on this torch build.
     """
@@ -49,7 +49,7 @@ def cast_table(
 def drifting_tensors(
     steps: int = 60, numel: int = 4096, spike_at: int | None = 40, seed: int = 0
 ) -> list[torch.Tensor]:
-    """A sequence of tensors shaped like one layer's activations over training (lesson 07).
+    """A sequence of tensors shaped like one layer's activations over training (lesson 09).
 
     Their magnitude grows slowly (x1.05 per step) and, at ``spike_at``, jumps 8-fold for one step:
     the case delayed scaling handles worst, since its scale comes from earlier steps.
@@ -68,7 +68,7 @@ def replay_scaling(
     tensors: Sequence[torch.Tensor],
     fmt: torch.dtype,
 ) -> dict[str, list[float]]:
-    """Quantize each tensor in turn and record what happened (lesson 07).
+    """Quantize each tensor in turn and record what happened (lesson 09).
 
     Returns lists (one entry per tensor) of the ``scale`` used, the tensor's ``amax``, the
     fraction of elements that ``saturated`` (|x * scale| beyond the format's max) and the
@@ -88,7 +88,7 @@ def replay_scaling(
 
 
 def plot_training_curves(ax: Axes, result: dict, amp_label: str = "AMP") -> list[list[float]]:
-    """The fp32 and AMP loss curves of a ``train_compare`` result on one axes (lesson 07).
+    """The fp32 and AMP loss curves of a ``train_compare`` result on one axes (lesson 09).
 
     The legend carries each run's test accuracy. Returns the two curves drawn.
     """
@@ -108,7 +108,7 @@ def plot_training_curves(ax: Axes, result: dict, amp_label: str = "AMP") -> list
 
 
 class BenchmarkDashboard:
-    """Lesson 07's widget: pick modes and a batch size, press run, see throughput and memory.
+    """Lesson 09's widget: pick modes and a batch size, press run, see throughput and memory.
 
     It measures the device it runs on with :func:`course.benchmark.run_benchmark` (the MLP of
     width ``size``), shows an ``IntProgress`` bar while it runs, then draws two bar charts.

@@ -8,7 +8,10 @@ this module is imported (by each lesson's setup cell), so later patching of ``to
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +25,29 @@ _abs = torch.abs
 _isclose = torch.isclose
 _builtin_isinstance = isinstance
 _type = type
+
+
+#: The grading key and student id, read once when a lesson's setup cell imports this module (before
+#: any student code runs) and then removed from the environment, so a submission can neither read
+#: the key nor choose its own hidden inputs.
+_GRADING_KEY = os.environ.pop("COURSE_GRADING_KEY", None)
+_STUDENT_ID = os.environ.pop("COURSE_STUDENT_ID", "")
+
+
+def hidden_seed(exercise: str) -> int:
+    """The seed of ``exercise``'s hidden tests: unpredictable to students, the same on a regrade.
+
+    When the grader sets ``COURSE_GRADING_KEY`` (a secret kept with each release) and
+    ``COURSE_STUDENT_ID``, the seed is an HMAC of the student and the exercise under that key, so
+    the same submission graded twice sees the same inputs and two students see different ones.
+    Without a key (a learner's own run, the test suite), it is fresh from ``os.urandom``.
+    Every hidden test cell calls this and prints the seed, so a failure can be reproduced.
+    """
+    if _GRADING_KEY is None:
+        return int.from_bytes(os.urandom(4), "little")
+    message = f"{_STUDENT_ID}\0{exercise}".encode()
+    digest = hmac.new(_GRADING_KEY.encode(), message, hashlib.sha256).digest()
+    return int.from_bytes(digest[:4], "little")
 
 
 class CheckFailed(AssertionError):

@@ -1,7 +1,7 @@
 """Data-parallel mixed precision training of the digits MLP: a worker and a script (lesson 06).
 
 One training loop, :func:`train_worker`, serves the lesson's experiments (through
-:func:`course.distributed.launch`) and real jobs (through ``torchrun``). It trains with
+:func:`course.launch.launch`) and real jobs (through ``torchrun``). It trains with
 ``DistributedDataParallel``, autocast and a ``GradScaler``, accumulates micro-batches under
 ``no_sync()``, and counts what DDP communicates with a comm hook. Run it as
 
@@ -31,7 +31,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course.distributed import DEFAULT_TIMEOUT, launch, pick_backend, rank_device
+from course.launch import DEFAULT_TIMEOUT, launch, pick_backend, rank_device
 
 
 @dataclass(frozen=True)
@@ -386,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     results = launch(
         train_worker, args.world_size, (spec,), backend=backend.name, timeout=args.timeout
     )
-    print(f"{args.world_size} ranks started by course.distributed.launch, backend {backend.name}")
+    print(f"{args.world_size} ranks started by course.launch.launch, backend {backend.name}")
     print(f"spec: {asdict(spec)}")
     print(report(results))
     return 0
@@ -401,7 +401,7 @@ if __name__ == "__main__":
     if _under_torchrun():
         # Gloo's worker threads can abort the interpreter's teardown ("terminate called without
         # an active exception", SIGABRT) even after destroy_process_group(); the group is gone
-        # and the report printed, so leave without finalising, as course.distributed's ranks do.
+        # and the report printed, so leave without finalising, as course.launch's ranks do.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

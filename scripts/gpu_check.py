@@ -7,7 +7,7 @@
 2. confirms lesson 03's documented CUDA float16 autocast lists against what CUDA autocast really
    does, op by op and layer by layer (lesson 03's hidden tests confirm its answer key the same way
    while step 1 grades it);
-3. runs lesson 07's benchmark (fp32, TF32, fp16-AMP, bf16-AMP) and prints its table.
+3. runs lesson 09's benchmark (fp32, TF32, fp16-AMP, bf16-AMP) and prints its table.
 
 Exits non-zero on any failure. On a machine without CUDA it runs what it can on the CPU and says
 what it skipped; ``--require-gpu`` makes a missing GPU a failure.
@@ -172,13 +172,13 @@ def check_benchmark(report: Report, device: str, quick: bool) -> None:
     try:
         rows, dev = benchmark.run_from_args(args)
     except SystemExit as exc:
-        report.line("FAIL", "lesson 07 benchmark", f"exit {exc.code}")
+        report.line("FAIL", "lesson 09 benchmark", f"exit {exc.code}")
         return
     except Exception as exc:  # noqa: BLE001 - reported
-        report.line("FAIL", "lesson 07 benchmark", repr(exc))
+        report.line("FAIL", "lesson 09 benchmark", repr(exc))
         return
     print(benchmark.format_table(rows, describe_device(dev)), flush=True)
-    report.line("PASS", "lesson 07 benchmark", f"{sum(r.measured for r in rows)} modes measured")
+    report.line("PASS", "lesson 09 benchmark", f"{sum(r.measured for r in rows)} modes measured")
     if device == "cuda":
         # TF32 changes the math, not what is stored: its peak memory must match fp32's. A gap
         # means one mode's peak includes something else (a workspace, a previous mode's model).

@@ -1,4 +1,4 @@
-"""Unit tests for lesson 07's benchmark (course.benchmark) and helpers (course.capstone)."""
+"""Unit tests for lesson 09's benchmark (course.benchmark) and helpers (course.capstone)."""
 
 from __future__ import annotations
 

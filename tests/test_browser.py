@@ -31,7 +31,7 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 #: How to operate each lesson's main widget, where the default (first slider) is not it.
-WIDGET_ACTION: dict[str, str] = {"07-capstone": "button"}
+WIDGET_ACTION: dict[str, str] = {"09-capstone": "button"}
 VALIDATE_LESSONS = {"01-number-formats"}
 RUN_TIMEOUT_MS = 600_000
 

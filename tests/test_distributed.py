@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import course.distributed as D
+import course.launch as D
 from course.ddp_train import (
     TrainSpec,
     fp16_sum_worker,
@@ -25,18 +25,16 @@ from course.ddp_train import (
     train_single,
     train_worker,
 )
-from course.distributed import (
-    AmpDDPConfig,
-    DDPExplorer,
+from course.launch import (
     LaunchTimeout,
     RankFailed,
-    amp_tolerance,
     child_pids,
     count_ddp_allreduces,
     launch,
     pick_backend,
     record_collectives,
 )
+from course.multigpu import AmpDDPConfig, DDPExplorer, amp_tolerance
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = TrainSpec(steps=3, global_batch=64, accum_steps=2, sizes=(64, 32, 10))
@@ -179,7 +177,7 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
     script = f"""
 import os, sys, time
 from pathlib import Path
-from course.distributed import launch
+from course.launch import launch
 
 def worker(rank, world_size):
     Path({str(tmp_path)!r}, f"rank{{rank}}").write_text(str(os.getpid()))

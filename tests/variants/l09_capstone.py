@@ -1,6 +1,6 @@
-"""Wrong answers to lesson 07's exercises that the graders must reject."""
+"""Wrong answers to lesson 09's exercises that the graders must reject."""
 
-LESSON = "07-capstone"
+LESSON = "09-capstone"
 
 _TRAIN_COMPARE_HEAD = """
 def train_compare(model_fn, data, epochs, device_type, amp_dtype, seed, lr=0.05, batch_size=64):
