@@ -1,7 +1,8 @@
-"""Shared fixtures: each lesson is autograded once per test run and the result reused."""
+"""Shared fixtures: each lesson is executed once per test run and the result reused."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -12,67 +13,44 @@ import nbformat
 import pytest
 
 from grader import REPO_ROOT
-from grader.gradebook import CellScore, autograde_notebooks
+from grader.gradebook import CellScore
 from grader.release import lesson_ids
+from grader.seam import ExerciseRun, LessonKernel
 
 SOLUTIONS = REPO_ROOT / "solutions"
 LESSONS = REPO_ROOT / "lessons"
 LESSON_IDS = lesson_ids(SOLUTIONS)
 
 
-def _load_variants() -> dict[str, dict[str, tuple[str, str]]]:
-    """Wrong versions of exercises, from ``tests/variants/l<NN>_*.py`` (one module per lesson).
+def _load_variants() -> tuple[dict[str, dict[str, tuple[str, str]]], dict[str, dict]]:
+    """Wrong and valid versions of exercises, from ``tests/variants/l<NN>_*.py``.
 
-    Each module defines ``LESSON`` (the lesson id) and ``VARIANTS``, a dict
-    ``{variant_name: (grade_id, source of the wrong solution cell)}``. Every variant must lose
-    exactly the points of that exercise's test cell (``<grade_id>_tests``) and nothing else.
+    Each module defines ``LESSON`` (the lesson id), ``VARIANTS`` (wrong solutions) and optionally
+    ``VALID`` (correct solutions written differently), both dicts
+    ``{name: (grade_id, source of the solution cell)}``. Every wrong variant must score zero on
+    its exercise's test cell (``<grade_id>_tests``); every valid one must keep full marks.
     """
-    found: dict[str, dict[str, tuple[str, str]]] = {}
+    wrong: dict[str, dict[str, tuple[str, str]]] = {}
+    valid: dict[str, dict[str, tuple[str, str]]] = {}
     for path in sorted((Path(__file__).parent / "variants").glob("l[0-9][0-9]_*.py")):
         module = importlib.import_module(f"tests.variants.{path.stem}")
-        found[module.LESSON] = dict(module.VARIANTS)
-    return found
+        wrong[module.LESSON] = dict(module.VARIANTS)
+        valid[module.LESSON] = dict(getattr(module, "VALID", {}))
+    return wrong, valid
 
 
-WRONG_VARIANTS = _load_variants()
+WRONG_VARIANTS, VALID_VARIANTS = _load_variants()
+
+#: Extra hidden-test seeds per exercise each run (keys drawn afresh): the solution must pass
+#: them all. A small sample in every run; ``python -m grader.audit`` runs hundreds.
+SEED_SAMPLE = int(os.environ.get("COURSE_SEED_SAMPLE", "2"))
+
+#: Exceptions that mean a variant is broken, not wrong: its failure would teach nothing.
+BROKEN = ("NameError", "SyntaxError", "IndentationError", "ImportError", "ModuleNotFoundError")
 
 
 def lesson_notebook(folder: Path, lesson: str) -> Path:
     return folder / lesson / f"{lesson}.ipynb"
-
-
-def replace_solutions(nb_path: Path, replacements: dict[str, str], dest: Path) -> Path:
-    """Copy a notebook with each solution cell ``grade_id`` replaced by the given source."""
-    nb = nbformat.read(nb_path, as_version=4)
-    for grade_id, source in replacements.items():
-        cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id]
-        assert len(cells) == 1, f"{nb_path} has no single solution cell {grade_id!r}"
-        cells[0].source = source
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, dest)
-    return dest
-
-
-def variant_rounds(lesson: str) -> list[dict[str, str]]:
-    """Wrong variants packed into as few notebooks as possible: at most one per exercise.
-
-    Each round is ``{grade_id: variant_name}``. Exercises' test cells are independent, so a
-    notebook with two different exercises wrong must lose exactly those two exercises' points;
-    packing saves executing the whole lesson once per variant.
-    """
-    rounds: list[dict[str, str]] = []
-    for name, (grade_id, _source) in WRONG_VARIANTS.get(lesson, {}).items():
-        for packed in rounds:
-            if grade_id not in packed:
-                packed[grade_id] = name
-                break
-        else:
-            rounds.append({grade_id: name})
-    return rounds
-
-
-def round_student(index: int) -> str:
-    return f"wrong-{index + 1}"
 
 
 @pytest.fixture(scope="session")
@@ -85,47 +63,90 @@ def artifacts_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class GradedLessons:
-    """Autogrades each lesson's solution, unfilled release and wrong variants once per session."""
+    """Each lesson executed once per session, in one kernel kept alive for its variants.
+
+    The solution notebook (hidden tests included) runs top to bottom once in a
+    :class:`grader.seam.LessonKernel`; its test cells are scored as nbgrader scores them. Wrong
+    and valid variants, the released (unfilled) cells and extra seeds then re-run only their own
+    exercise in that kernel.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._scores: dict[str, dict[str, dict[str, CellScore]]] = {}
+        self._stack = contextlib.ExitStack()
+        self._kernels: dict[str, LessonKernel] = {}
+        self._unfilled: dict[str, dict[str, CellScore]] = {}
+        self._runs: dict[tuple[str, str], ExerciseRun] = {}
 
-    def scores(self, lesson: str) -> dict[str, dict[str, CellScore]]:
-        """``{variant: {grade_id: CellScore}}`` for ``lesson``."""
-        if lesson not in self._scores:
-            work = self.root / lesson
-            variants = {
-                "solution": lesson_notebook(SOLUTIONS, lesson),
-                "unfilled": lesson_notebook(LESSONS, lesson),
-            }
-            wrong = WRONG_VARIANTS.get(lesson, {})
-            for index, packed in enumerate(variant_rounds(lesson)):
-                student = round_student(index)
-                variants[student] = replace_solutions(
-                    lesson_notebook(SOLUTIONS, lesson),
-                    {gid: wrong[name][1] for gid, name in packed.items()},
-                    work / "variants" / student / f"{lesson}.ipynb",
-                )
-            self._scores[lesson] = autograde_notebooks(lesson, variants, work / "course")
+    def close(self) -> None:
+        self._stack.close()
+
+    def kernel(self, lesson: str) -> LessonKernel:
+        """The lesson's kernel, after one full run of its solution notebook."""
+        if lesson not in self._kernels:
+            work = self.root / lesson / "work"
+            shutil.copytree(SOLUTIONS / lesson, work)
+            kernel = LessonKernel(work / f"{lesson}.ipynb", timeout=900)
+            self._kernels[lesson] = self._stack.enter_context(kernel)
+            print(f"{lesson}: solution executed in {kernel.seconds:.1f} s")
             keep = os.environ.get("COURSE_TEST_ARTIFACTS")
             if keep:
-                shutil.copytree(
-                    work / "course" / "autograded", Path(keep) / lesson, dirs_exist_ok=True
-                )
-        return self._scores[lesson]
+                dest = Path(keep) / lesson / f"{lesson}.executed.ipynb"
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                nbformat.write(kernel.executed, dest)
+        return self._kernels[lesson]
 
-    def executed(self, lesson: str, variant: str) -> dict:
-        """The notebook as nbgrader executed it for ``variant`` (JSON)."""
-        self.scores(lesson)
-        path = self.root / lesson / "course" / "autograded" / variant / lesson / f"{lesson}.ipynb"
-        return json.loads(path.read_text(encoding="utf-8"))
+    def solution_scores(self, lesson: str) -> dict[str, CellScore]:
+        """``{grade_id: CellScore}`` of the solution's full run."""
+        return {
+            gid: CellScore(gid, score, max_score, auto)
+            for gid, (score, max_score, auto) in self.kernel(lesson).scores().items()
+        }
+
+    def unfilled_scores(self, lesson: str) -> dict[str, CellScore]:
+        """``{test grade_id: CellScore}`` of each exercise left as the release leaves it.
+
+        Each exercise's solution cell is replaced by the released (unfilled) cell of
+        ``lessons/`` and its test cell, hidden tests included as nbgrader restores them, is
+        scored in the lesson's kernel. (That ``lessons/`` is exactly nbgrader's release is
+        checked by tests/test_release.py; real ``nbgrader autograde`` of a submission is
+        exercised end to end by tests/test_class_term.py.)
+        """
+        if lesson not in self._unfilled:
+            released = nbformat.read(lesson_notebook(LESSONS, lesson), as_version=4)
+            by_id = {
+                c.metadata.get("nbgrader", {}).get("grade_id"): c.source for c in released.cells
+            }
+            kernel = self.kernel(lesson)
+            found = {}
+            for grade_id in kernel.exercises():
+                run = kernel.run_exercise(grade_id, by_id[grade_id])
+                found[f"{grade_id}_tests"] = CellScore(
+                    f"{grade_id}_tests", run.score, run.max_score, True
+                )
+            self._unfilled[lesson] = found
+        return self._unfilled[lesson]
+
+    def executed(self, lesson: str) -> dict:
+        """The solution notebook as it ran (JSON)."""
+        return json.loads(nbformat.writes(self.kernel(lesson).executed))
+
+    def variant(self, lesson: str, name: str) -> ExerciseRun:
+        """The score of one wrong or valid variant's exercise, run in the lesson's kernel."""
+        key = (lesson, name)
+        if key not in self._runs:
+            table = {**WRONG_VARIANTS.get(lesson, {}), **VALID_VARIANTS.get(lesson, {})}
+            grade_id, source = table[name]
+            self._runs[key] = self.kernel(lesson).run_exercise(grade_id, source)
+        return self._runs[key]
 
 
 @pytest.fixture(scope="session")
-def graded(tmp_path_factory: pytest.TempPathFactory) -> GradedLessons:
-    """The session's :class:`GradedLessons`."""
-    return GradedLessons(tmp_path_factory.mktemp("graded"))
+def graded(tmp_path_factory: pytest.TempPathFactory):
+    """The session's :class:`GradedLessons` (kernels shut down at the end)."""
+    lessons = GradedLessons(tmp_path_factory.mktemp("graded"))
+    yield lessons
+    lessons.close()
 
 
 def outputs_text(nb: dict) -> str:

@@ -1,30 +1,41 @@
-"""Every lesson: the solution earns full marks, the unfilled release zero, wrong answers lose
-exactly their exercise's points. Each lesson is executed once per session (see conftest)."""
+"""Every lesson: the solution earns full marks on fresh seeds, the unfilled release zero, wrong
+answers lose their exercise's points and valid alternatives keep them.
+
+Each lesson's solution is executed once per session in one kernel; variants and extra seeds re-run
+only their own exercise there (see conftest and :mod:`grader.seam`).
+"""
 
 from __future__ import annotations
 
+import secrets
+
 import pytest
 
-from tests.conftest import LESSON_IDS, WRONG_VARIANTS, outputs_text, round_student, variant_rounds
+from tests.conftest import (
+    BROKEN,
+    LESSON_IDS,
+    SEED_SAMPLE,
+    VALID_VARIANTS,
+    WRONG_VARIANTS,
+    outputs_text,
+)
 
 pytestmark = pytest.mark.lesson
 
-#: One xdist group per lesson, so a lesson's tests share one worker and one autograde run.
-LESSONS = [pytest.param(lesson, marks=pytest.mark.xdist_group(lesson)) for lesson in LESSON_IDS]
-VARIANTS = [
-    pytest.param(lesson, name, marks=pytest.mark.xdist_group(lesson))
-    for lesson, variants in WRONG_VARIANTS.items()
-    for name in variants
-]
+
+def _grouped(lesson: str, *values: str):
+    """One xdist group per lesson, so a lesson's tests share one worker and one kernel."""
+    return pytest.param(lesson, *values, marks=pytest.mark.xdist_group(lesson))
 
 
-def _auto(cells):
-    return {gid: c for gid, c in cells.items() if c.auto or gid.endswith("_tests")}
+LESSONS = [_grouped(lesson) for lesson in LESSON_IDS]
+WRONG = [_grouped(lesson, name) for lesson, table in WRONG_VARIANTS.items() for name in table]
+VALID = [_grouped(lesson, name) for lesson, table in VALID_VARIANTS.items() for name in table]
 
 
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_solution_earns_full_marks(graded, lesson):
-    cells = graded.scores(lesson)["solution"]
+    cells = graded.solution_scores(lesson)
     tests = {gid: c for gid, c in cells.items() if gid.endswith("_tests")}
     assert tests, f"{lesson} has no autograded test cells"
     lost = {gid: (c.score, c.max_score) for gid, c in tests.items() if c.score != c.max_score}
@@ -32,8 +43,21 @@ def test_solution_earns_full_marks(graded, lesson):
 
 
 @pytest.mark.parametrize("lesson", LESSONS)
+def test_solution_passes_fresh_hidden_seeds(graded, lesson):
+    kernel = graded.kernel(lesson)
+    failures = []
+    for grade_id in kernel.exercises():
+        for _ in range(SEED_SAMPLE):
+            key = secrets.token_hex(8)
+            run = kernel.run_exercise(grade_id, key=key, student="seed-sample")
+            if not run.passed:
+                failures.append(f"{grade_id} with grading key {key!r}: {run.error}")
+    assert not failures, f"{lesson}: the solution lost points on\n" + "\n".join(failures)
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
 def test_unfilled_release_earns_zero(graded, lesson):
-    cells = graded.scores(lesson)["unfilled"]
+    cells = graded.unfilled_scores(lesson)
     earned = {gid: c.score for gid, c in cells.items() if c.score != 0}
     assert not earned, f"{lesson}: the unfilled notebook earns points on {earned}"
     assert any(c.max_score > 0 for c in cells.values())
@@ -41,14 +65,14 @@ def test_unfilled_release_earns_zero(graded, lesson):
 
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_lesson_has_written_question_graded_by_hand(graded, lesson):
-    cells = graded.scores(lesson)["solution"]
+    cells = graded.solution_scores(lesson)
     manual = [gid for gid, c in cells.items() if not c.auto]
     assert manual, f"{lesson} has no written answer left for manual grading"
 
 
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_solution_runs_without_errors_or_torch_deprecations(graded, lesson):
-    nb = graded.executed(lesson, "solution")
+    nb = graded.executed(lesson)
     errors = [
         (i, out.get("ename"), out.get("evalue"))
         for i, cell in enumerate(nb["cells"])
@@ -61,20 +85,22 @@ def test_solution_runs_without_errors_or_torch_deprecations(graded, lesson):
         assert word not in text, f"{lesson} printed a {word}:\n{text}"
 
 
-@pytest.mark.parametrize("lesson,variant", VARIANTS)
-def test_wrong_exercise_loses_exactly_its_points(graded, lesson, variant):
+@pytest.mark.parametrize("lesson,variant", WRONG)
+def test_wrong_exercise_loses_its_points(graded, lesson, variant):
     grade_id = WRONG_VARIANTS[lesson][variant][0]
-    rounds = variant_rounds(lesson)
-    index = next(i for i, packed in enumerate(rounds) if packed.get(grade_id) == variant)
-    wrong_ids = {f"{gid}_tests" for gid in rounds[index]}
-    scores = graded.scores(lesson)
-    wrong = scores[round_student(index)]
-    right = scores["solution"]
-    cell = wrong[f"{grade_id}_tests"]
-    assert cell.score == 0, f"{variant}: {grade_id}_tests still earned {cell.score}"
-    for gid, other in _auto(wrong).items():
-        if gid not in wrong_ids:
-            assert other.score == right[gid].score, (
-                f"{variant} (graded together with {sorted(rounds[index].values())}): {gid} "
-                f"changed from {right[gid].score} to {other.score}"
-            )
+    run = graded.variant(lesson, variant)
+    assert run.score == 0, f"{variant}: {grade_id}_tests still earned {run.score}/{run.max_score}"
+    assert run.error, f"{variant}: scored zero without an error message"
+    broken = [name for name in BROKEN if run.error.startswith(name) or f"\n{name}" in run.error]
+    assert not broken and "the solution cell itself raised" not in run.error, (
+        f"{variant} is broken rather than wrong (its failure teaches nothing):\n{run.error}"
+    )
+
+
+@pytest.mark.parametrize("lesson,variant", VALID)
+def test_valid_alternative_keeps_full_marks(graded, lesson, variant):
+    grade_id = VALID_VARIANTS[lesson][variant][0]
+    run = graded.variant(lesson, variant)
+    assert run.passed, (
+        f"{variant} (a correct {grade_id}) lost points: {run.score}/{run.max_score}\n{run.error}"
+    )
