@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+
 import pytest
 
 from grader.seam import LessonKernel, SeamError, defined_names
