@@ -242,9 +242,17 @@ def _read_scratch(scratch: Path, lesson: str, student: str) -> dict:
 
 
 def grade_one(
-    template: Template, student: str, notebook: Path, settings: Settings, work: Path
+    template: Template,
+    student: str,
+    notebook: Path,
+    settings: Settings,
+    work: Path,
+    calibration: dict | None = None,
 ) -> dict:
-    """Grade one submission in a scratch course; returns the result record (not merged)."""
+    """Grade one submission in a scratch course; returns the result record (not merged).
+
+    ``calibration`` (from :func:`grader.calibrate.load`) gives each cell its own time limit.
+    """
     start = time.monotonic()
     result: dict = {
         "student": student,
@@ -275,6 +283,8 @@ def grade_one(
             shutil.copy2(stamp, dest / "timestamp.txt")
         events = scratch / "events.json"
         env = tool_env({"GRADER_SANDBOX": settings.to_env(), "GRADER_EVENTS": str(events)})
+        if calibration:
+            env["GRADER_CELL_LIMITS"] = json.dumps(calibration)
         import subprocess
         import sys
 
@@ -314,6 +324,11 @@ def grade_one(
                 info = json.loads(events.read_text())
                 result["events"] = info.get("events", [])
                 result["cells"] = info.get("cells", {})
+                result["timeouts"] = info.get("timeouts", [])
+                if result["timeouts"]:
+                    from grader.calibrate import describe_timeout
+
+                    result["reason"] = "; ".join(map(describe_timeout, result["timeouts"]))
             keep = work / "autograded" / student
             if keep.exists():
                 shutil.rmtree(keep)
@@ -452,8 +467,13 @@ def autograde(
     students: list[str] | None = None,
     force: bool = False,
     progress: bool = True,
+    calibration: dict | None = None,
 ) -> list[Outcome]:
-    """Grade every submission of ``lesson`` in ``root/submitted``; see the module docstring."""
+    """Grade every submission of ``lesson`` in ``root/submitted``; see the module docstring.
+
+    ``calibration`` (:func:`grader.calibrate.load`) sets per-cell limits in place of
+    ``limits.cell_timeout``; the caller decides whether to use one (the CLI does by default).
+    """
     root = root.resolve()
     db_url = db_url or f"sqlite:///{root / 'gradebook.db'}"
     workers = max(1, workers or os.cpu_count() or 1)
@@ -502,7 +522,7 @@ def autograde(
             settings = Settings(
                 limits=limits, mode=mode, slot=slot, lesson_files=str(template.lesson_files)
             )
-            return grade_one(template, student, nb, settings, work)
+            return grade_one(template, student, nb, settings, work, calibration)
         finally:
             with lock:
                 slots.append(slot)

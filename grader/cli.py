@@ -104,9 +104,28 @@ def _cmd_autograde(args: argparse.Namespace) -> int:
             "network (rlimits only).",
             file=sys.stderr,
         )
+    calibration = None
+    if args.cell_timeout is None and not args.no_calibration:
+        from grader.calibrate import calibration_path, load
+
+        calibration, warning = load(root, args.lesson)
+        if warning:
+            print(f"WARNING: {warning}", file=sys.stderr)
+        if calibration:
+            per_cell = [float(c["limit_s"]) for c in calibration["cells"].values()]
+            print(
+                f"calibrated limits from {calibration_path(root, args.lesson)}: "
+                f"{min(per_cell):g}-{max(per_cell):g} s per cell, other cells "
+                f"{calibration['other_limit_s']:g} s, "
+                f"notebook {calibration['notebook_limit_s']:g} s",
+                file=sys.stderr,
+            )
+    notebook_timeout = args.notebook_timeout
+    if notebook_timeout is None:
+        notebook_timeout = calibration["notebook_limit_s"] if calibration else 1800.0
     limits = Limits(
-        cell_timeout=args.cell_timeout,
-        notebook_timeout=args.notebook_timeout,
+        cell_timeout=args.cell_timeout if args.cell_timeout is not None else 300.0,
+        notebook_timeout=notebook_timeout,
         memory_mb=args.memory_mb,
         nproc=args.nproc,
         fsize_mb=args.fsize_mb,
@@ -123,6 +142,7 @@ def _cmd_autograde(args: argparse.Namespace) -> int:
             students=args.student or None,
             force=args.force,
             progress=not args.no_progress,
+            calibration=calibration,
         )
     except KeyboardInterrupt:
         print(
@@ -145,6 +165,35 @@ def _cmd_autograde(args: argparse.Namespace) -> int:
     counts = {s: sum(o.status == s for o in outcomes) for s in ("graded", "rejected", "failed")}
     print(", ".join(f"{v} {k}" for k, v in counts.items()))
     return 1 if counts["failed"] else 0
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from grader.calibrate import calibrate, calibration_path, report
+    from grader.sandbox import SandboxUnavailable, require_isolation
+
+    root = Path(args.root).resolve()
+    try:
+        mode = require_isolation(args.unsandboxed)
+    except SandboxUnavailable as exc:
+        print(exc, file=sys.stderr)
+        return 3
+    try:
+        data = calibrate(
+            root,
+            args.lesson,
+            factor=args.factor,
+            floor=args.floor,
+            runs=args.runs,
+            workers=args.workers,
+            mode=mode,
+        )
+    except (OSError, RuntimeError) as exc:
+        print(f"calibration failed: {exc}", file=sys.stderr)
+        return 2
+    for line in report(data):
+        print(line)
+    print(f"wrote {calibration_path(root, args.lesson)}")
+    return 0
 
 
 def _cmd_feedback(args: argparse.Namespace) -> int:
@@ -283,8 +332,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--student", action="append", help="only this student (repeatable)")
     p.add_argument("--force", action="store_true", help="grade again even if already graded")
-    p.add_argument("--cell-timeout", type=float, default=300.0, help="seconds per cell")
-    p.add_argument("--notebook-timeout", type=float, default=1800.0, help="seconds per notebook")
+    p.add_argument(
+        "--cell-timeout",
+        type=float,
+        default=None,
+        help="seconds for every cell, in place of the calibrated limits (default: calibrated "
+        "per cell by `calibrate`, else 300)",
+    )
+    p.add_argument(
+        "--notebook-timeout",
+        type=float,
+        default=None,
+        help="seconds per notebook (default: the calibrated notebook limit, else 1800)",
+    )
+    p.add_argument(
+        "--no-calibration",
+        action="store_true",
+        help="ignore .grader/ID/calibration.json (uniform --cell-timeout limits)",
+    )
     p.add_argument("--memory-mb", type=int, default=8192, help="address space per process")
     p.add_argument("--nproc", type=int, default=256, help="processes and threads per submission")
     p.add_argument("--fsize-mb", type=int, default=64, help="largest file a submission writes")
@@ -296,6 +361,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     common(p, db=True)
     p.set_defaults(func=_cmd_autograde)
+
+    p = sub.add_parser(
+        "calibrate",
+        help="time the solution on this machine: per-cell limits for autograde",
+        description="Execute the lesson's solution as autograde executes a submission (same "
+        "sandbox, threads and restores) and store per-cell time limits, FACTOR x the measured "
+        "time and at least FLOOR seconds, in .grader/ID/calibration.json. autograde uses them "
+        "unless --cell-timeout or --no-calibration is given. Run it on the grading machine.",
+    )
+    p.add_argument("lesson", help="lesson id")
+    p.add_argument("--factor", type=float, default=10.0, help="limit = FACTOR x measured time")
+    p.add_argument("--floor", type=float, default=20.0, help="smallest limit, seconds")
+    p.add_argument("--runs", type=int, default=1, help="runs to take the slowest time of")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="the --workers autograde will use (sets the threads per kernel; default: cores)",
+    )
+    p.add_argument(
+        "--unsandboxed", action="store_true", help="time without bubblewrap when it is missing"
+    )
+    common(p)
+    p.set_defaults(func=_cmd_calibrate)
 
     p = sub.add_parser(
         "feedback",

@@ -85,7 +85,12 @@ class SandboxedExecute(Execute):
     def preprocess(self, nb: NotebookNode, resources: dict):  # type: ignore[override]
         settings = Settings.from_env(os.environ["GRADER_SANDBOX"])
         plain = json.loads(json.dumps(nb))
-        answer = execute(plain, graded_test_cells(nb), settings)
+        # Calibrated per-cell limits (grader/calibrate.py), when autograde passes them.
+        from grader.calibrate import cell_limits, timeouts_from_answer
+
+        calibration = json.loads(os.environ.get("GRADER_CELL_LIMITS") or "null")
+        per_cell = cell_limits(nb, calibration) if calibration else None
+        answer = execute(plain, graded_test_cells(nb), settings, cell_timeouts=per_cell)
         statuses = apply_answer(nb, answer)
         events_file = os.environ.get("GRADER_EVENTS")
         if events_file:
@@ -95,5 +100,8 @@ class SandboxedExecute(Execute):
                 if gid:
                     cells[gid] = status
             with open(events_file, "w", encoding="utf-8") as fh:
-                json.dump({"events": answer.get("events", []), "cells": cells}, fh)
+                timeouts = timeouts_from_answer(nb, answer, calibration)
+                json.dump(
+                    {"events": answer.get("events", []), "cells": cells, "timeouts": timeouts}, fh
+                )
         return nb, resources

@@ -253,8 +253,13 @@ def bwrap_command(settings: Settings, python: str = sys.executable) -> list[str]
     return cmd
 
 
-def execute(nb: dict, graded: list[int], settings: Settings) -> dict:
+def execute(
+    nb: dict, graded: list[int], settings: Settings, cell_timeouts: dict[int, float] | None = None
+) -> dict:
     """Execute ``nb`` (a notebook as a dict); returns the runner's answer.
+
+    ``cell_timeouts`` (cell index -> seconds, from :mod:`grader.calibrate`) overrides
+    ``limits.cell_timeout`` for those cells.
 
     The answer is ``{"cells": [{index, outputs, execution_count, status}], "events": [...]}``;
     when the sandbox itself fails (killed at the notebook's limit, crashed), ``cells`` is empty
@@ -271,6 +276,7 @@ def execute(nb: dict, graded: list[int], settings: Settings) -> dict:
         "notebook_timeout": limits.notebook_timeout,
         "max_output": limits.max_output,
         "lesson_files": None,
+        "cell_timeouts": {str(k): float(v) for k, v in (cell_timeouts or {}).items()},
     }
     cwd = None
     tmp = None

@@ -1,0 +1,256 @@
+"""Per-cell time limits calibrated from the solution, measured on the grading machine.
+
+``python -m grader calibrate ID`` executes ``solutions/ID/ID.ipynb`` (solutions and hidden tests)
+in the same sandbox, with the same thread count and the same restore before each graded test cell
+as ``autograde``, and times every code cell. Each cell's limit is ``factor`` x its measured time
+(the slowest of ``runs`` runs), at least ``floor`` seconds, rounded up to a whole second. The
+result is written to ``.grader/ID/calibration.json`` (machine state, like the gradebook: never in
+``lessons/`` or ``solutions/``, so ``release`` stays deterministic).
+
+Which limit a cell of a *submission* gets:
+
+* a cell with an nbgrader ``grade_id`` (every solution cell, test cell and written answer) gets
+  the limit of the solution's cell with that id;
+* any other code cell gets the limit of the solution's cell with the same source (the release
+  does not change those cells), and a cell the solution does not have (added or edited by the
+  student) gets ``other_limit_s``: the largest limit of the solution's cells without a grade id.
+
+The notebook's limit is the sum of the limits of the solution's code cells. A hanging submission
+therefore costs at most a few calibrated cell limits, not 300 s per cell.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+from datetime import UTC, datetime
+from pathlib import Path
+
+#: Format of the calibration file; a file of another version is ignored (with a warning).
+VERSION = 1
+
+
+def calibration_path(root: Path, lesson: str) -> Path:
+    """Where the calibration of ``lesson`` lives (``.grader/<lesson>/calibration.json``)."""
+    return root / ".grader" / lesson / "calibration.json"
+
+
+def cell_key(cell: dict) -> str:
+    """A cell's key in the calibration: its nbgrader ``grade_id``, else a hash of its source."""
+    meta = cell.get("metadata", {}).get("nbgrader")
+    if isinstance(meta, dict) and meta.get("grade_id"):
+        return str(meta["grade_id"])
+    source = cell.get("source", "")
+    if isinstance(source, list):
+        source = "".join(source)
+    return "src:" + hashlib.sha256(source.strip().encode()).hexdigest()[:16]
+
+
+def _label(cell: dict, index: int) -> str:
+    key = cell_key(cell)
+    return f"cell {index}" if key.startswith("src:") else key
+
+
+def _fmt(seconds: float) -> str:
+    if seconds >= 10:
+        return f"{seconds:.0f}"
+    if seconds >= 0.1:
+        return f"{seconds:.1f}"
+    return f"{seconds:.3f}"
+
+
+def limits_from(
+    measured: list[dict], factor: float = 10.0, floor: float = 20.0
+) -> dict[str, object]:
+    """The calibration's limits from measured cells (``{"key", "label", "seconds"}`` each)."""
+    cells: dict[str, dict[str, object]] = {}
+    for m in measured:
+        limit = float(math.ceil(max(floor, factor * float(m["seconds"]))))
+        old = cells.get(str(m["key"]))
+        if old is None or float(old["solution_s"]) < float(m["seconds"]):
+            cells[str(m["key"])] = {
+                "label": m["label"],
+                "solution_s": round(float(m["seconds"]), 3),
+                "limit_s": limit,
+            }
+    others = [float(c["limit_s"]) for k, c in cells.items() if k.startswith("src:")]
+    return {
+        "cells": cells,
+        "other_limit_s": max(others, default=float(math.ceil(floor))),
+        "notebook_limit_s": float(sum(float(c["limit_s"]) for c in cells.values())),
+        "factor": factor,
+        "floor": floor,
+    }
+
+
+def cell_limits(nb: dict, calibration: dict) -> dict[int, float]:
+    """``{cell index: seconds}`` for every code cell of ``nb`` (see the module docstring)."""
+    cells = calibration["cells"]
+    other = float(calibration["other_limit_s"])
+    out: dict[int, float] = {}
+    for index, cell in enumerate(nb.get("cells", [])):
+        if cell.get("cell_type") != "code":
+            continue
+        entry = cells.get(cell_key(cell))
+        out[index] = float(entry["limit_s"]) if entry else other
+    return out
+
+
+def timeouts_from_answer(nb: dict, answer: dict, calibration: dict | None) -> list[dict]:
+    """The cells of the runner's ``answer`` that ran out of time: label, limit, solution time."""
+    cells = (calibration or {}).get("cells", {})
+    found = []
+    for got in answer.get("cells", []):
+        if not isinstance(got, dict) or got.get("status") in ("ok", "not-run", "guard-failed"):
+            continue
+        # nbclient reports a cell it interrupted at its limit as an error: the time tells.
+        limit = float(got.get("limit") or 0.0)
+        if got.get("status") != "timeout" and not float(got.get("seconds") or 0.0) >= limit > 0:
+            continue
+        index = int(got["index"])
+        cell = nb["cells"][index] if index < len(nb.get("cells", [])) else {}
+        entry = cells.get(cell_key(cell))
+        found.append(
+            {
+                "cell": _label(cell, index),
+                "limit": limit,
+                "solution": float(entry["solution_s"]) if entry else None,
+            }
+        )
+    return found
+
+
+def describe_timeout(t: dict) -> str:
+    """``fp16_fate: timed out after 20 s (solution: 0.41 s)``, as the report and CSV say it."""
+    sol = t.get("solution")
+    solution = "not a cell of the solution" if sol is None else f"solution: {_fmt(float(sol))} s"
+    return f"{t['cell']}: timed out after {_fmt(float(t['limit']))} s ({solution})"
+
+
+def measure(
+    root: Path,
+    lesson: str,
+    workers: int | None = None,
+    mode: str = "bwrap",
+    runs: int = 1,
+    cell_timeout: float = 300.0,
+    notebook_timeout: float = 1800.0,
+) -> tuple[list[dict], int]:
+    """Run the solution ``runs`` times as autograde runs a submission; per-cell times.
+
+    Returns the measured cells (the slowest run of each) and the BLAS/OpenMP thread count used.
+    Raises ``RuntimeError`` if a cell of the solution does not run cleanly (its time would mean
+    nothing).
+    """
+    import nbformat
+
+    from grader.execute import graded_test_cells
+    from grader.sandbox import Limits, Settings, execute
+
+    path = root / "solutions" / lesson / f"{lesson}.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    workers = max(1, workers or os.cpu_count() or 1)
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    limits = Limits(cell_timeout=cell_timeout, notebook_timeout=notebook_timeout, threads=threads)
+    extra = [p for p in path.parent.iterdir() if p.suffix != ".ipynb" and p.name[0] != "."]
+    settings = Settings(limits=limits, mode=mode, lesson_files=str(path.parent) if extra else None)
+    slowest: dict[int, float] = {}
+    for _ in range(max(1, runs)):
+        answer = execute(json.loads(json.dumps(nb)), graded_test_cells(nb), settings)
+        got = {c["index"]: c for c in answer.get("cells", [])}
+        bad = []
+        for index, cell in enumerate(nb.cells):
+            if cell.cell_type != "code":
+                continue
+            c = got.get(index)
+            if c is None or c.get("status") != "ok":
+                status = c.get("status") if c else "not executed"
+                bad.append(f"{_label(cell, index)}: {status}")
+                continue
+            slowest[index] = max(slowest.get(index, 0.0), float(c["seconds"]))
+        if bad:
+            events = "; ".join(answer.get("events", []))
+            raise RuntimeError(
+                f"the solution of {lesson} did not run cleanly, so it cannot be timed: "
+                + ", ".join(bad[:5])
+                + (f" ({events})" if events else "")
+            )
+    measured = [
+        {"key": cell_key(nb.cells[i]), "label": _label(nb.cells[i], i), "seconds": s}
+        for i, s in sorted(slowest.items())
+    ]
+    return measured, threads
+
+
+def calibrate(
+    root: Path,
+    lesson: str,
+    factor: float = 10.0,
+    floor: float = 20.0,
+    runs: int = 1,
+    workers: int | None = None,
+    mode: str = "bwrap",
+) -> dict:
+    """Measure the solution of ``lesson`` and write its calibration file; returns its content."""
+    from grader.autograde import lesson_key
+
+    start = datetime.now(UTC)
+    measured, threads = measure(root, lesson, workers=workers, mode=mode, runs=runs)
+    data = {
+        "version": VERSION,
+        "lesson": lesson,
+        "lesson_key": lesson_key(root, lesson),
+        "measured_at": start.isoformat(timespec="seconds"),
+        "machine": {
+            "host": platform.node(),
+            "cpus": os.cpu_count(),
+            "threads": threads,
+            "mode": mode,
+        },
+        "runs": runs,
+        **limits_from(measured, factor, floor),
+    }
+    path = calibration_path(root, lesson)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return data
+
+
+def load(root: Path, lesson: str) -> tuple[dict | None, str | None]:
+    """The usable calibration of ``lesson`` (or ``None``) and a warning when one was not usable."""
+    from grader.autograde import lesson_key
+
+    path = calibration_path(root, lesson)
+    if not path.is_file():
+        return None, None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        return None, f"ignoring {path}: unreadable ({exc}); using the default limits"
+    if data.get("version") != VERSION:
+        return None, f"ignoring {path}: another format version; run calibrate again"
+    if data.get("lesson_key") != lesson_key(root, lesson):
+        return None, (
+            f"ignoring {path}: the solution of {lesson} changed since it was measured; run "
+            f"`python -m grader calibrate {lesson}` again (using the default limits meanwhile)"
+        )
+    return data, None
+
+
+def report(data: dict) -> list[str]:
+    """Lines for the terminal: each cell's measured time and limit, the notebook's limit."""
+    lines = [f"{'cell':<28} {'solution s':>10} {'limit s':>8}"]
+    for c in data["cells"].values():
+        lines.append(f"{c['label']:<28} {c['solution_s']:>10.3f} {c['limit_s']:>8.0f}")
+    total = sum(float(c["solution_s"]) for c in data["cells"].values())
+    lines.append(
+        f"solution total {total:.1f} s; limits: other cells {data['other_limit_s']:.0f} s, "
+        f"notebook {data['notebook_limit_s']:.0f} s ({data['factor']:g}x, at least "
+        f"{data['floor']:g} s; {data['machine']['threads']} thread(s), {data['machine']['mode']})"
+    )
+    return lines
