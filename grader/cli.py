@@ -219,16 +219,40 @@ def _cmd_feedback(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from grader.export import export_csv
+    from grader.export import export_canvas, export_csv, export_moodle
 
     root = Path(args.root).resolve()
+    lessons = args.lesson or None
+    roster = Path(args.roster) if args.roster else None
+    out = Path(args.out or {"exercises": "grades.csv"}.get(args.format, f"{args.format}.csv"))
     try:
-        n = export_csv(root, Path(args.out), args.lesson or None, db_url=args.db_url)
+        ids = dict(_lesson_value(text) for text in args.lms_assignment or [])
+        if args.format == "exercises":
+            n = export_csv(root, out, lessons, db_url=args.db_url)
+            print(f"wrote {out}: {n} students")
+            return 0
+        if args.format == "canvas":
+            result = export_canvas(root, out, lessons, args.db_url, ids, roster)
+        else:
+            if not lessons or len(lessons) != 1:
+                raise ValueError("a Moodle grading worksheet is per assignment: give one --lesson")
+            result = export_moodle(root, out, lessons[0], args.db_url, roster)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
-    print(f"wrote {args.out}: {n} students")
+    for line in result.warnings:
+        print(f"WARNING: {line}", file=sys.stderr)
+    print(f"wrote {out} ({args.format} import format): {result.rows} students")
     return 0
+
+
+def _lesson_value(text: str) -> tuple[str, str]:
+    lesson, sep, value = text.partition("=")
+    if not sep or not lesson or not value:
+        raise ValueError(
+            f"--lms-assignment {text!r}: expected LESSON=ID, e.g. 01-number-formats=42"
+        )
+    return lesson, value
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -399,12 +423,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "export",
-        help="grades to CSV: a column per exercise, totals, status",
-        description="One row per student; per lesson a column per exercise, its total, max "
-        "and status (rejected/failed reasons, flags, needs manual grading); overall totals.",
+        help="grades to CSV: a column per exercise, or the Canvas / Moodle import format",
+        description="exercises (default): one row per student; per lesson a column per "
+        "exercise, its total, max and status (rejected/failed reasons, flags, needs manual "
+        "grading); overall totals. canvas: Canvas's gradebook import CSV (a column per lesson). "
+        "moodle: the assignment's offline grading worksheet (one lesson). The LMS formats map "
+        "students back through the roster used at intake.",
     )
     p.add_argument("--lesson", action="append", help="only this lesson (repeatable)")
-    p.add_argument("--out", default="grades.csv", help="CSV file to write")
+    p.add_argument("--format", choices=["exercises", "canvas", "moodle"], default="exercises")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="CSV file to write (default: grades.csv, canvas.csv, moodle.csv)",
+    )
+    p.add_argument(
+        "--roster",
+        metavar="CSV",
+        help="roster for the LMS formats (default: the one used at intake of each lesson)",
+    )
+    p.add_argument(
+        "--lms-assignment",
+        action="append",
+        metavar="LESSON=ID",
+        help="the LMS's assignment id of a lesson (Canvas's column 'LESSON (ID)'); repeatable",
+    )
     common(p, db=True)
     p.set_defaults(func=_cmd_export)
 

@@ -13,7 +13,11 @@ work too):
   folder holding the file).
 
 ``<userid>`` is mapped to a student id through the roster CSV if one is given (columns
-``student_id`` and ``lms_id``; extra columns are ignored), else it is the student id itself.
+``student_id`` and ``lms_id``), else it is the student id itself. The roster's optional columns
+``name, email, sis_user_id, sis_login_id, section`` are what ``export --format canvas|moodle``
+writes back; intake keeps a copy of the roster it used as ``intake/<lesson>/roster.csv`` and each
+placed student's LMS identity read from the file name (``canvas`` or ``moodle``, the LMS id, the
+name) in ``intake/<lesson>/identities.json``, so grades go back to the LMS they came from.
 A file is *unmapped* (reported, not used) when its name matches neither pattern, its user id is
 not in the roster, the resulting id has path characters, or it is not a notebook. When a student
 has several notebooks in one zip, the one with the highest submission id (Canvas) or the latest
@@ -81,15 +85,52 @@ class IntakeReport:
         return out
 
 
-def read_roster(path: Path | None) -> dict[str, str] | None:
-    """``{lms_id: student_id}`` from a CSV with ``student_id`` and ``lms_id`` columns."""
-    if path is None:
-        return None
+#: Roster columns beyond ``student_id, lms_id`` that the LMS exports use.
+ROSTER_EXTRA = ("name", "email", "sis_user_id", "sis_login_id", "section")
+
+
+def read_roster_rows(path: Path) -> list[dict[str, str]]:
+    """The roster's rows (stripped values); needs the columns ``student_id`` and ``lms_id``."""
     with open(path, newline="", encoding="utf-8-sig") as fh:
         rows = list(csv.DictReader(fh))
     if rows and not {"student_id", "lms_id"} <= set(rows[0]):
         raise ValueError(f"{path}: the roster needs the columns student_id and lms_id")
-    return {r["lms_id"].strip(): r["student_id"].strip() for r in rows if r.get("lms_id")}
+    return [
+        {k.strip(): (v or "").strip() for k, v in r.items() if k}
+        for r in rows
+        if (r.get("student_id") or "").strip()
+    ]
+
+
+def read_roster(path: Path | None) -> dict[str, str] | None:
+    """``{lms_id: student_id}`` from a CSV with ``student_id`` and ``lms_id`` columns."""
+    if path is None:
+        return None
+    return {r["lms_id"]: r["student_id"] for r in read_roster_rows(path) if r.get("lms_id")}
+
+
+def roster_copy_path(root: Path, lesson: str) -> Path:
+    """Where intake keeps the roster it used for ``lesson`` (read by the LMS exports)."""
+    return root / "intake" / lesson / "roster.csv"
+
+
+def identities_path(root: Path, lesson: str) -> Path:
+    """Where intake keeps ``{student: {"lms", "lms_id", "name"}}`` read from LMS file names."""
+    return root / "intake" / lesson / "identities.json"
+
+
+def lms_identity(entry: str) -> dict[str, str] | None:
+    """``{"lms": "canvas"|"moodle", "lms_id", "name"}`` from a zip entry name, or None."""
+    parts = PurePosixPath(entry.replace("\\", "/")).parts
+    name = parts[-1] if parts else ""
+    m = CANVAS.match(name)
+    if m:
+        return {"lms": "canvas", "lms_id": m["user"], "name": m["name"]}
+    for part in reversed(parts):
+        m = MOODLE.match(part)
+        if m:
+            return {"lms": "moodle", "lms_id": m["user"], "name": m["name"]}
+    return None
 
 
 def parse_lms_name(entry: str) -> tuple[str, int, str] | None:
@@ -201,7 +242,31 @@ def intake_zip(
             best[student] = (key, info.filename, data, when)
     for student, (_, source, data, when) in sorted(best.items()):
         place(root, lesson, student, data, when, source, report, replace, archive)
+    _keep_identities(root, lesson, roster, best, report)
     return report
+
+
+def _keep_identities(
+    root: Path, lesson: str, roster: Path | None, best: dict, report: IntakeReport
+) -> None:
+    """Keep the roster used and the LMS identity of each student whose file is in submitted/."""
+    import json
+
+    dest = roster_copy_path(root, lesson)
+    if roster is not None and roster.resolve() != dest.resolve():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(roster, dest)
+    path = identities_path(root, lesson)
+    known = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    current = {s for s, _ in report.placed + report.unchanged}
+    for student, (_, source, _, _) in best.items():
+        ident = lms_identity(source)
+        if student in current and ident:
+            known[student] = ident
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".part")
+    tmp.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
 
 
 def intake_exchange(
