@@ -1,0 +1,514 @@
+"""Float8 formats, real tensors to quantize, the 2-rank amax experiment and GPU checks (lesson 08).
+
+The graded exercises (per-tensor and row-wise current scaling, the ``DelayedScaling`` scaler and
+MX block quantization) are left to the student; the helpers here collect the tensors those
+exercises quantize, replay a quantizer over a stream of tensors, run the data-parallel scale
+experiment in real processes, and time float8 matrix multiplies where the GPU has them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import time
+from collections.abc import Callable, Sequence
+
+import ipywidgets as W
+import torch
+import torch.distributed as dist
+from IPython.display import display
+from torch import nn
+from torch.nn import functional as F
+
+from course.plotting import new_figure
+
+#: The two float8 formats torch casts to, in the order the lesson shows them.
+FP8_FORMATS: tuple[torch.dtype, ...] = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+#: A quantizer's round trip: ``x -> (x * scale before the cast, dequantized x)`` (lesson 08).
+RoundTrip = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def fp8_max(fmt: torch.dtype) -> float:
+    """The largest finite value of a float8 format: 448 for e4m3fn, 57344 for e5m2 (lesson 08)."""
+    if fmt not in FP8_FORMATS:
+        raise ValueError(f"{fmt} is not one of the float8 formats {FP8_FORMATS}")
+    return float(torch.finfo(fmt).max)
+
+
+def fp8_emax(fmt: torch.dtype) -> int:
+    """The exponent of the largest power of two a float8 format holds (lesson 08).
+
+    ``floor(log2(max))``: 8 for e4m3fn (max 448 = 1.75 x 2**8), 15 for e5m2 (57344 = 1.75 x
+    2**15). OCP MX 1.0 subtracts it from a block's exponent to get the block's shared scale.
+    """
+    _, exponent = torch.frexp(torch.tensor(fp8_max(fmt), dtype=torch.float32))
+    return int(exponent) - 1
+
+
+def cast_table(
+    values: Sequence[float],
+    dtypes: Sequence[torch.dtype] = FP8_FORMATS,
+    device: torch.device | str = "cpu",
+) -> str:
+    """What a plain ``.to(dtype)`` on ``device`` does to each value, as a text table (lesson 08).
+
+    Nothing is clamped or scaled here: the table shows the cast itself, on this torch build.
+    """
+    x = torch.tensor(list(values), dtype=torch.float32, device=device)
+    names = [str(d).removeprefix("torch.") for d in dtypes]
+    head = f"{'value':>14}" + "".join(f"{n:>16}" for n in names)
+    rows = [head, "-" * len(head)]
+    casts = [x.to(d).float() for d in dtypes]
+    for i, v in enumerate(x.tolist()):
+        rows.append(f"{v:>14.6g}" + "".join(f"{c[i].item():>16.6g}" for c in casts))
+    return "\n".join(rows)
+
+
+def drifting_tensors(
+    steps: int = 60, numel: int = 4096, spike_at: int | None = 40, seed: int = 0
+) -> list[torch.Tensor]:
+    """A sequence of tensors shaped like one layer's activations over training (lesson 08).
+
+    Their magnitude grows slowly (x1.05 per step) and, at ``spike_at``, jumps 8-fold for one step:
+    the case delayed scaling handles worst, since its scale comes from earlier steps.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for step in range(steps):
+        magnitude = 1.05**step * (8.0 if step == spike_at else 1.0)
+        out.append(torch.randn(numel, generator=gen) * magnitude)
+    return out
+
+
+def replay(roundtrip: RoundTrip, tensors: Sequence[torch.Tensor], fmt: torch.dtype) -> dict:
+    """Run a quantizer's round trip over each tensor in turn and record what it did (lesson 08).
+
+    ``roundtrip(x)`` returns ``(x_scaled, back)``: ``x`` times its scale(s) before the clamp and
+    cast, and the dequantized result. Returns lists, one entry per tensor: ``amax``, the fraction
+    of elements that ``saturated`` (``|x_scaled|`` beyond the format's max), the fraction of
+    non-zero elements ``flushed`` to zero, and ``rel_error`` = ||back - x|| / ||x||.
+    """
+    top = fp8_max(fmt)
+    log: dict[str, list[float]] = {"amax": [], "saturated": [], "flushed": [], "rel_error": []}
+    for x in tensors:
+        scaled, back = roundtrip(x)
+        xf = x.float()
+        back = back.float()
+        nonzero = xf != 0
+        log["amax"].append(float(xf.abs().max()))
+        log["saturated"].append(float((scaled.float().abs() > top).float().mean()))
+        log["flushed"].append(float(((back == 0) & nonzero).sum()) / max(1, int(nonzero.sum())))
+        log["rel_error"].append(float((back - xf).norm() / xf.norm().clamp_min(1e-30)))
+    return log
+
+
+def replay_scaling(
+    quantize: Callable[[torch.Tensor], tuple[torch.Tensor, float]],
+    dequantize: Callable[[torch.Tensor, float], torch.Tensor],
+    tensors: Sequence[torch.Tensor],
+    fmt: torch.dtype,
+) -> dict[str, list[float]]:
+    """Quantize each tensor in turn with a per-tensor scaler and record what happened (lesson 08).
+
+    Returns lists (one entry per tensor) of the ``scale`` used, the tensor's ``amax``, the
+    fraction of elements that ``saturated`` (|x * scale| beyond the format's max), the fraction
+    ``flushed`` to zero and the relative round-trip error ``rel_error`` (see :func:`replay`).
+    """
+    scales: list[float] = []
+
+    def roundtrip(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q, scale = quantize(x)
+        scales.append(float(scale))
+        return x.float() * float(scale), dequantize(q, scale)
+
+    log = replay(roundtrip, tensors, fmt)
+    return {"scale": scales, **log}
+
+
+# --------------------------------------------------------------------------------------------
+# Real tensors of a trained model
+
+
+def trained_tensors(
+    device: torch.device | str = "cpu",
+    steps: int = 100,
+    record_last: int = 9,
+    batch_size: int = 256,
+    seed: int = 0,
+) -> list[dict[str, torch.Tensor]]:
+    """Weights, activations and gradients of an MLP trained on digits, over its last steps.
+
+    Trains ``course.data.mlp()`` (64-256-256-10) with SGD on mini-batches of the digits data in
+    float32 and, for each of the last ``record_last`` steps, records for every Linear layer
+    ``fcN``: ``fcN.weight``, its input ``fcN.input`` (an activation), the gradient of the loss
+    with respect to its output ``fcN.grad_output`` (what backward passes down) and
+    ``fcN.weight.grad``. Returns one dict per recorded step, oldest first: a delayed scaler takes
+    its history from the earlier steps and quantizes the last. Introduced in lesson 08.
+    """
+    from course.data import digits, mlp
+    from course.device import one_cpu_thread
+
+    if not 0 < record_last <= steps:
+        raise ValueError(f"record_last must lie in 1..steps, got {record_last} of {steps}")
+    torch.manual_seed(seed)
+    x_all, y_all, _, _ = digits(device, seed=seed)
+    model = mlp().to(device)
+    linears = [m for m in model if isinstance(m, nn.Linear)]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    gen = torch.Generator().manual_seed(seed)
+    current: dict[str, torch.Tensor] = {}
+
+    def recorder(name: str) -> Callable:
+        def hook(_module: nn.Module, args: tuple, out: torch.Tensor) -> None:
+            current[f"{name}.input"] = args[0].detach().clone()
+
+            def save_grad(grad: torch.Tensor) -> None:
+                current[f"{name}.grad_output"] = grad.detach().clone()
+
+            out.register_hook(save_grad)
+
+        return hook
+
+    hooks = [lin.register_forward_hook(recorder(f"fc{i}")) for i, lin in enumerate(linears, 1)]
+    records = []
+    try:
+        with one_cpu_thread(device):
+            for step in range(steps):
+                idx = torch.randperm(len(x_all), generator=gen)[:batch_size].to(x_all.device)
+                opt.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
+                loss.backward()
+                if step >= steps - record_last:
+                    snap = {}
+                    for i, layer in enumerate(linears, start=1):
+                        snap[f"fc{i}.weight"] = layer.weight.detach().clone()
+                        snap[f"fc{i}.input"] = current[f"fc{i}.input"]
+                        snap[f"fc{i}.grad_output"] = current[f"fc{i}.grad_output"]
+                        snap[f"fc{i}.weight.grad"] = layer.weight.grad.detach().clone()
+                    records.append(snap)
+                opt.step()
+    finally:
+        for h in hooks:
+            h.remove()
+    return records
+
+
+def tensor_kind(name: str) -> str:
+    """``weight``, ``activation`` or ``gradient`` for a name from :func:`trained_tensors`."""
+    if name.endswith(".grad_output") or name.endswith(".grad"):
+        return "gradient"
+    return "activation" if name.endswith(".input") else "weight"
+
+
+# --------------------------------------------------------------------------------------------
+# Two ranks, one scale
+
+
+def shard_gather_worker(
+    rank: int, world_size: int, tensor: torch.Tensor, fmt: torch.dtype, sync_amax: bool
+) -> dict:
+    """One rank of the float8 all-gather experiment (lesson 08), run by ``course.launch.launch``.
+
+    Each rank holds its shard (a slice of the rows) of ``tensor``, as FSDP does with a weight,
+    quantizes it to ``fmt`` with a per-tensor scale ``fmax / amax`` (saturating), and all-gathers
+    the float8 bytes, so the full tensor travels in 8 bits. The gathered tensor is one float8
+    tensor with one scale: each rank dequantizes it with the scale it knows, its own. With
+    ``sync_amax`` the ranks first all-reduce their amax (MAX), so every rank uses the same scale.
+    Returns this rank's ``scale``, its shard's ``local_amax`` and the ``gathered`` tensor after
+    dequantizing (float32).
+    """
+    shard = tensor.chunk(world_size)[rank].float()
+    amax = shard.abs().max().reshape(1)
+    local_amax = float(amax)
+    if sync_amax:
+        dist.all_reduce(amax, op=dist.ReduceOp.MAX)
+    fmax = fp8_max(fmt)
+    scale = fmax / amax if float(amax) > 0 else torch.ones(1)
+    q = (shard * scale).clamp(-fmax, fmax).to(fmt)
+    # gloo moves bytes: send the float8 payload as uint8 and reinterpret it on arrival.
+    pieces = [torch.empty_like(q.view(torch.uint8)) for _ in range(world_size)]
+    dist.all_gather(pieces, q.view(torch.uint8).contiguous())
+    gathered = torch.cat([p.view(fmt) for p in pieces]).float() / scale
+    return {"scale": float(scale), "local_amax": local_amax, "gathered": gathered}
+
+
+# --------------------------------------------------------------------------------------------
+# Float8 on the GPU
+
+
+def float8_matmul_support(device: torch.device | str) -> tuple[bool, str]:
+    """Whether ``device`` has float8 tensor cores (CUDA compute capability 8.9+), and why not.
+
+    Returns ``(supported, reason)``; ``reason`` is printed where the lesson skips a GPU part.
+    Introduced in lesson 08.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return False, (
+            f"this lesson runs on {device.type}, not a CUDA GPU: float8 matrix multiplies need "
+            "tensor cores of compute capability 8.9 or newer (Ada, Hopper, Blackwell)"
+        )
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        return False, (
+            f"{torch.cuda.get_device_name(device)} has compute capability {major}.{minor}; "
+            "float8 matrix multiplies need 8.9 or newer"
+        )
+    return True, f"compute capability {major}.{minor}"
+
+
+def matmul_tflops(
+    sizes: Sequence[int],
+    device: torch.device | str,
+    fmt: torch.dtype = torch.float8_e4m3fn,
+    min_run_time: float = 0.2,
+) -> list[dict[str, float]]:
+    """Time an ``n x n x n`` bfloat16 matmul and a float8 ``torch._scaled_mm`` (lesson 08).
+
+    For each ``n``: ``a @ b`` in bfloat16, and ``torch._scaled_mm(a8, b8, scale_a, scale_b,
+    out_dtype=torch.bfloat16)`` on float8 operands (``a8`` row-major, ``b8`` column-major, as
+    the CUDA kernel requires; per-tensor float32 scales). Timed with ``torch.utils.benchmark``
+    (``blocked_autorange`` synchronizes CUDA). Returns rows with ``n``, the median seconds and
+    TFLOP/s (2 n^3 FLOPs) of each. Meaningful only on a GPU with float8 tensor cores; on a CPU
+    it runs (torch 2.13 has a CPU ``_scaled_mm``) but measures an emulation.
+    """
+    from torch.utils.benchmark import Timer
+
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    rows = []
+    for n in sizes:
+        a = torch.randn(n, n, device=device, generator=gen, dtype=torch.bfloat16)
+        b = torch.randn(n, n, device=device, generator=gen, dtype=torch.bfloat16)
+        a8 = a.to(fmt)
+        b8 = b.to(fmt).t()  # the transpose of a row-major tensor is column-major
+        one = torch.ones((), device=device, dtype=torch.float32)
+        env = {"torch": torch, "a": a, "b": b, "a8": a8, "b8": b8, "one": one}
+        bf16 = Timer("a @ b", globals=env).blocked_autorange(min_run_time=min_run_time)
+        fp8 = Timer(
+            "torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)",
+            globals=env,
+        ).blocked_autorange(min_run_time=min_run_time)
+        flops = 2.0 * n**3
+        rows.append(
+            {
+                "n": n,
+                "bf16_s": bf16.median,
+                "fp8_s": fp8.median,
+                "bf16_tflops": flops / bf16.median / 1e12,
+                "fp8_tflops": flops / fp8.median / 1e12,
+            }
+        )
+    return rows
+
+
+class TransformerBlock(nn.Module):
+    """A pre-norm transformer block: causal self-attention and a 4x MLP (lesson 08).
+
+    Every matrix multiply is an ``nn.Linear`` (``qkv``, ``proj``, ``up``, ``down``), which is what
+    torchao's ``convert_to_float8_training`` swaps for its float8 linear.
+    """
+
+    def __init__(self, dim: int = 256, heads: int = 4) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim {dim} is not a multiple of heads {heads}")
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.up = nn.Linear(dim, 4 * dim)
+        self.down = nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` of shape (batch, sequence, dim) to the same shape."""
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+
+def torchao_status() -> tuple[object | None, str]:
+    """torchao's module if it is installed beside this torch, else None; and a line saying so.
+
+    torchao is not a dependency of the course: the lesson uses it only where it is present.
+    Introduced in lesson 08.
+    """
+    if importlib.util.find_spec("torchao") is None:
+        return None, (
+            f"torchao is not installed beside torch {torch.__version__} "
+            "(`pip install torchao` adds it without changing torch, where a release fits)"
+        )
+    try:
+        torchao = importlib.import_module("torchao")
+        importlib.import_module("torchao.float8")
+    except Exception as exc:  # an incompatible build fails in many ways; say which
+        return None, f"torchao is installed but does not import here: {type(exc).__name__}: {exc}"
+    return torchao, f"torchao {torchao.__version__} beside torch {torch.__version__}"
+
+
+def _block_step(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    out = model(x)
+    out.float().pow(2).mean().backward()
+    return out
+
+
+def torchao_block_comparison(
+    device: torch.device | str,
+    dim: int = 2048,
+    heads: int = 16,
+    batch: int = 8,
+    seq: int = 1024,
+    min_run_time: float = 0.5,
+    compile: bool = False,
+) -> dict:
+    """A transformer block in bfloat16 against its torchao float8 conversion (lesson 08).
+
+    Builds one :class:`TransformerBlock` in bfloat16, converts a copy with torchao's
+    ``convert_to_float8_training`` (per-tensor current scaling, torchao's default), and runs a
+    forward and backward pass of each on the same input. Returns the converted module names
+    (``converted``), the relative difference of the outputs and of the ``qkv`` weight gradients
+    (``out_rel_diff``, ``grad_rel_diff``) and, timed with ``torch.utils.benchmark``, the median
+    seconds of a training step of each (``bf16_s``, ``fp8_s``). ``compile`` wraps both in
+    ``torch.compile`` first (torchao's float8 is meant to be compiled). Raises ``RuntimeError``
+    when torchao is missing.
+    """
+    import copy
+
+    from torch.utils.benchmark import Timer
+
+    torchao, line = torchao_status()
+    if torchao is None:
+        raise RuntimeError(line)
+    from torchao.float8 import convert_to_float8_training
+
+    device = torch.device(device)
+    torch.manual_seed(0)
+    ref = TransformerBlock(dim, heads).to(device=device, dtype=torch.bfloat16)
+    fp8 = copy.deepcopy(ref)
+    convert_to_float8_training(fp8)
+    converted = [n for n, m in fp8.named_modules() if type(m).__name__ == "Float8Linear"]
+    x = torch.randn(batch, seq, dim, device=device, dtype=torch.bfloat16)
+    outs, grads = [], []
+    for model in (ref, fp8):
+        model.zero_grad(set_to_none=True)
+        outs.append(_block_step(model, x).detach().float())
+        grads.append(model.qkv.weight.grad.detach().float())
+    result = {
+        "converted": converted,
+        "out_rel_diff": float((outs[1] - outs[0]).norm() / outs[0].norm()),
+        "grad_rel_diff": float((grads[1] - grads[0]).norm() / grads[0].norm()),
+        "compiled": compile,
+    }
+    for name, model in (("bf16_s", ref), ("fp8_s", fp8)):
+        run = torch.compile(model) if compile else model
+        for _ in range(3):  # warm up (and compile)
+            _block_step(run, x)
+        timer = Timer("step(run, x)", globals={"step": _block_step, "run": run, "x": x})
+        result[name] = timer.blocked_autorange(min_run_time=min_run_time).median
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# The widget
+
+
+class Float8Explorer:
+    """Lesson 08's widget: recipe, format and margin controls over a live tensor stream.
+
+    ``recipes`` maps a recipe's name to a factory ``make(fmt, margin) -> roundtrip``, built in the
+    notebook from the student's quantizers (a factory that raises ``NotImplementedError`` shows
+    "not written yet"). Each redraw regenerates the stream on ``device``, quantizes every tensor
+    in turn there (as rows of ``row`` elements, so that row-wise recipes have rows), and plots the
+    relative error and the saturated fraction per step, with the measured time per tensor.
+    """
+
+    def __init__(
+        self,
+        recipes: dict[str, Callable[[torch.dtype, int], RoundTrip]],
+        device: torch.device | str = "cpu",
+        steps: int = 60,
+        numel: int = 4096,
+        row: int = 128,
+    ) -> None:
+        if not recipes:
+            raise ValueError("Float8Explorer needs at least one recipe")
+        self.recipes = recipes
+        self.device = torch.device(device)
+        if numel % row:
+            raise ValueError(f"numel {numel} is not a multiple of row {row}")
+        self.steps, self.numel, self.row = steps, numel, row
+        self.recipe = W.Dropdown(options=list(recipes), description="recipe")
+        self.fmt = W.Dropdown(
+            options=[(str(f).removeprefix("torch."), f) for f in FP8_FORMATS], description="format"
+        )
+        self.margin = W.IntSlider(
+            value=0, min=0, max=4, description="margin", continuous_update=False
+        )
+        self.spike = W.IntSlider(
+            value=40, min=1, max=steps - 1, description="spike at", continuous_update=False
+        )
+        self.stats = W.HTML()
+        self.output = W.Output()
+        self.figure, self.axes = new_figure(10, 3.2, ncols=2)
+        self.log: dict | None = None
+        for control in (self.recipe, self.fmt, self.margin, self.spike):
+            control.observe(lambda _change: self.update(), names="value")
+        self.widget = W.VBox(
+            [
+                W.HBox([self.recipe, self.fmt]),
+                W.HBox([self.margin, self.spike]),
+                self.stats,
+                self.output,
+            ]
+        )
+        self.update()
+
+    def update(self) -> dict | None:
+        """Replay the stream with the current controls, redraw, and return the replay's log."""
+        fmt, margin = self.fmt.value, self.margin.value
+        stream = [
+            t.to(self.device).reshape(-1, self.row)
+            for t in drifting_tensors(self.steps, self.numel, spike_at=self.spike.value)
+        ]
+        try:
+            roundtrip = self.recipes[self.recipe.value](fmt, margin)
+            start = time.perf_counter()
+            log = replay(roundtrip, stream, fmt)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            per_tensor = (time.perf_counter() - start) / len(stream)
+        except NotImplementedError:
+            self.log = None
+            self.stats.value = f"<b>{self.recipe.value}</b>: write its exercise above to see it."
+            return None
+        self.log = log
+        spike = self.spike.value
+        self.stats.value = (
+            f"<b>{self.recipe.value}</b>, {str(fmt).removeprefix('torch.')}, margin {margin}: "
+            f"median relative error {sorted(log['rel_error'])[len(stream) // 2]:.4f}; at the spike "
+            f"(step {spike}) error {log['rel_error'][spike]:.4f}, saturated "
+            f"{log['saturated'][spike]:.2%}; {per_tensor * 1e3:.2f} ms per {self.numel}-element "
+            f"tensor (quantize, record and dequantize) on {self.device}"
+        )
+        ax_err, ax_sat = self.axes
+        for ax in self.axes:
+            ax.clear()
+        ax_err.semilogy(log["rel_error"])
+        ax_err.set_title("relative round-trip error")
+        ax_sat.plot(log["saturated"])
+        ax_sat.set_title("fraction saturated")
+        for ax in self.axes:
+            ax.set_xlabel("step")
+            ax.axvline(spike, color="grey", lw=0.5)
+        self.output.clear_output(wait=True)
+        with self.output:
+            display(self.figure)
+        return log
+
+    def _ipython_display_(self) -> None:
+        display(self.widget)

@@ -1,0 +1,208 @@
+"""Unit tests of course.float8 (lesson 08's helpers); no lesson is executed here."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import course.float8 as F8
+from course.float8 import (
+    FP8_FORMATS,
+    Float8Explorer,
+    TransformerBlock,
+    cast_table,
+    drifting_tensors,
+    float8_matmul_support,
+    fp8_emax,
+    fp8_max,
+    matmul_tflops,
+    replay,
+    replay_scaling,
+    shard_gather_worker,
+    tensor_kind,
+    torchao_status,
+    trained_tensors,
+)
+from course.launch import launch
+
+
+def test_fp8_helpers():
+    assert fp8_max(torch.float8_e4m3fn) == 448.0 and fp8_max(torch.float8_e5m2) == 57344.0
+    with pytest.raises(ValueError):
+        fp8_max(torch.float16)
+    table = cast_table([1e5, float("inf")]).splitlines()
+    assert table[2].split() == ["100000", "448", "inf"]
+    stream = drifting_tensors(steps=12, numel=256, spike_at=10)
+    assert len(stream) == 12
+    amax = [float(t.abs().max()) for t in stream]
+    assert amax[10] > 4 * amax[9] and amax[11] < amax[10] / 4
+
+    def clamp_only(x):
+        return x.clamp(-448, 448).to(torch.float8_e4m3fn), 1.0
+
+    log = replay_scaling(
+        clamp_only, lambda q, s: q.float() / s, [torch.tensor([1.0, 1000.0])], torch.float8_e4m3fn
+    )
+    assert log["scale"] == [1.0] and log["saturated"] == [0.5] and log["amax"] == [1000.0]
+    assert log["rel_error"][0] == pytest.approx(552 / (1000**2 + 1) ** 0.5)
+
+
+def test_fp8_emax_is_the_exponent_of_the_largest_power_of_two():
+    assert fp8_emax(torch.float8_e4m3fn) == 8 and fp8_emax(torch.float8_e5m2) == 15
+    for fmt in FP8_FORMATS:
+        assert 2.0 ** fp8_emax(fmt) <= fp8_max(fmt) < 2.0 ** (fp8_emax(fmt) + 1)
+
+
+def test_replay_counts_saturated_and_flushed_elements():
+    x = torch.tensor([1000.0, 1e-6, 2.0, 0.0])
+
+    def roundtrip(t):
+        return t.float(), t.float().clamp(-448, 448).to(torch.float8_e4m3fn).float()
+
+    log = replay(roundtrip, [x], torch.float8_e4m3fn)
+    assert log["saturated"] == [0.25]  # 1000 of the four elements
+    assert log["flushed"] == [pytest.approx(1 / 3)]  # 1e-6 of the three non-zero ones
+    assert log["amax"] == [1000.0]
+    back = torch.tensor([448.0, 0.0, 2.0, 0.0])
+    assert log["rel_error"][0] == pytest.approx(float((back - x).norm() / x.norm()))
+
+
+def test_trained_tensors_records_what_the_layers_saw():
+    records = trained_tensors(steps=3, record_last=2, batch_size=32)
+    assert len(records) == 2
+    last = records[-1]
+    kinds = {name: tensor_kind(name) for name in last}
+    assert sorted(kinds.values()).count("gradient") == 6
+    assert kinds["fc2.input"] == "activation" and kinds["fc2.weight"] == "weight"
+    assert last["fc1.input"].shape == (32, 64) and last["fc3.grad_output"].shape == (32, 10)
+    for i in (1, 2, 3):
+        # The weight gradient of a Linear is grad_output^T @ input: the hooks saw the right tensors.
+        expect = last[f"fc{i}.grad_output"].t() @ last[f"fc{i}.input"]
+        torch.testing.assert_close(last[f"fc{i}.weight.grad"], expect, rtol=1e-4, atol=1e-7)
+    # The weights moved between the two recorded steps (one optimizer step apart).
+    assert not torch.equal(records[0]["fc1.weight"], records[1]["fc1.weight"])
+    with pytest.raises(ValueError):
+        trained_tensors(steps=2, record_last=3)
+
+
+def test_shard_gather_needs_a_shared_amax():
+    gen = torch.Generator().manual_seed(0)
+    full = torch.cat([torch.randn(8, 16, generator=gen), 4 * torch.randn(8, 16, generator=gen)])
+    fmt = torch.float8_e4m3fn
+    own = launch(shard_gather_worker, 2, args=(full, fmt, False), show_output=False)
+    shared = launch(shard_gather_worker, 2, args=(full, fmt, True), show_output=False)
+    assert own[0]["scale"] != own[1]["scale"]
+    assert not torch.equal(own[0]["gathered"], own[1]["gathered"])
+    for rank, res in enumerate(own):
+        # Each rank's own shard round-trips with its own scale; the other shard does not.
+        mine = full.chunk(2)[rank]
+        got = res["gathered"].chunk(2)[rank]
+        assert float((got - mine).norm() / mine.norm()) < 0.05
+    assert float((own[0]["gathered"] - full).norm() / full.norm()) > 0.5
+    assert shared[0]["scale"] == shared[1]["scale"]
+    assert torch.equal(shared[0]["gathered"], shared[1]["gathered"])
+    scale = 448.0 / full.abs().max()
+    single = (full * scale).clamp(-448, 448).to(fmt).float() / scale
+    assert torch.equal(shared[0]["gathered"], single)
+    assert [r["local_amax"] for r in shared] == [float(c.abs().max()) for c in full.chunk(2)]
+
+
+def test_float8_matmul_support_says_why_not_on_a_cpu():
+    ok, reason = float8_matmul_support("cpu")
+    assert not ok and "8.9" in reason
+
+
+def test_matmul_tflops_runs_the_scaled_mm_path_on_a_cpu():
+    rows = matmul_tflops([16, 32], "cpu", min_run_time=0.01)
+    assert [r["n"] for r in rows] == [16, 32]
+    for row in rows:
+        assert row["bf16_s"] > 0 and row["fp8_s"] > 0
+        assert row["fp8_tflops"] == pytest.approx(2 * row["n"] ** 3 / row["fp8_s"] / 1e12)
+
+
+def test_scaled_mm_scales_are_dequantization_factors():
+    # The convention the lesson states: _scaled_mm multiplies by scale_a and scale_b.
+    gen = torch.Generator().manual_seed(1)
+    a, b = torch.randn(16, 32, generator=gen), torch.randn(48, 32, generator=gen)
+    a8, b8 = (a * 4).to(torch.float8_e4m3fn), (b * 8).to(torch.float8_e4m3fn)
+    out = torch._scaled_mm(
+        a8,
+        b8.t(),
+        scale_a=torch.tensor(0.25),
+        scale_b=torch.tensor(0.125),
+        out_dtype=torch.float32,
+    )
+    expect = (a8.float() / 4) @ (b8.float() / 8).t()
+    torch.testing.assert_close(out, expect, rtol=1e-5, atol=1e-5)
+
+
+def test_transformer_block_is_causal_and_keeps_the_shape():
+    torch.manual_seed(0)
+    block = TransformerBlock(dim=32, heads=4)
+    x = torch.randn(2, 6, 32)
+    y = block(x)
+    assert y.shape == x.shape
+    x2 = x.clone()
+    x2[:, -1] += 1.0  # changing the last position changes no earlier output
+    torch.testing.assert_close(block(x2)[:, :-1], y[:, :-1])
+    assert {n for n, m in block.named_modules() if isinstance(m, torch.nn.Linear)} == {
+        "qkv",
+        "proj",
+        "up",
+        "down",
+    }
+    with pytest.raises(ValueError):
+        TransformerBlock(dim=30, heads=4)
+
+
+def test_torchao_status_without_torchao(monkeypatch):
+    monkeypatch.setattr(F8.importlib.util, "find_spec", lambda name: None)
+    module, line = torchao_status()
+    assert module is None and "not installed" in line
+    with pytest.raises(RuntimeError, match="not installed"):
+        F8.torchao_block_comparison("cpu", dim=32, heads=4, batch=1, seq=4)
+
+
+def test_torchao_block_comparison_where_torchao_is_installed():
+    pytest.importorskip("torchao.float8")
+    res = F8.torchao_block_comparison("cpu", dim=64, heads=4, batch=2, seq=16, min_run_time=0.01)
+    assert res["converted"] == ["qkv", "proj", "up", "down"]
+    assert 0 < res["out_rel_diff"] < 0.2 and 0 < res["grad_rel_diff"] < 0.5
+    assert res["bf16_s"] > 0 and res["fp8_s"] > 0
+
+
+def _clamp_recipe(fmt, margin):
+    scale = 100.0 * 2.0**margin  # a fake recipe: a larger margin makes more saturate here
+    fmax = fp8_max(fmt)
+
+    def roundtrip(x):
+        scaled = x.float() * scale
+        return scaled, scaled.clamp(-fmax, fmax).to(fmt).float() / scale
+
+    return roundtrip
+
+
+def _unwritten(fmt, margin):
+    def roundtrip(x):
+        raise NotImplementedError
+
+    return roundtrip
+
+
+def test_explorer_replays_the_chosen_recipe_and_reports_unwritten_ones():
+    explorer = Float8Explorer(
+        {"clamp": _clamp_recipe, "todo": _unwritten}, steps=8, numel=256, row=64
+    )
+    assert explorer.log is not None and len(explorer.log["rel_error"]) == 8
+    assert "on cpu" in explorer.stats.value
+    explorer.spike.value = 3
+    assert explorer.log["amax"][3] > 4 * explorer.log["amax"][2]
+    before = sum(explorer.log["saturated"])
+    explorer.margin.value = 4
+    assert sum(explorer.log["saturated"]) > before
+    explorer.recipe.value = "todo"
+    assert explorer.log is None and "write its exercise" in explorer.stats.value
+    with pytest.raises(ValueError):
+        Float8Explorer({"clamp": _clamp_recipe}, numel=100, row=64)
+    with pytest.raises(ValueError):
+        Float8Explorer({})
