@@ -12,9 +12,9 @@ Section`` and one column per lesson titled ``<lesson> (<Canvas assignment id>)``
 ``Points Possible`` row; each student's cell is the lesson's total (empty when there is no
 submission or grading failed, which Canvas leaves unchanged). Format: Canvas Instructor Guide,
 "How do I import grades in the Gradebook?" (community.canvaslms.com) and the gradebook export it
-mirrors: Canvas finds the student by ``ID`` (the Canvas user id, the number in Canvas's submission
-file names) and the assignment by the id in parentheses; ``Points Possible`` is optional and read
-only for display.
+mirrors (its second row is ``Points Possible``, as here): Canvas finds the student by ``ID`` (the
+Canvas user id, the number in Canvas's submission file names) and the assignment by the id in
+parentheses.
 
 ``moodle``: the assignment's offline grading worksheet (Moodle assignment, feedback type "Offline
 grading worksheet"; one lesson per file). Columns ``Identifier, Full name, Email address, Status,

@@ -2,7 +2,10 @@
 
 Release lesson 01, three students submit through an LMS zip (Canvas naming plus a roster),
 autograde (sandboxed, in parallel), feedback, export. The CSV must give each exercise exactly the
-points each submission deserves, and each student's feedback must show every failure.
+points each submission deserves, each student's feedback must show every failure, and the grades
+must go back in Canvas's gradebook import CSV and Moodle's offline grading worksheet, each student
+under the LMS identity the roster gave them at intake (columns as the LMSes document them: see
+grader/export.py).
 """
 
 from __future__ import annotations
@@ -96,8 +99,12 @@ def term(tmp_path_factory: pytest.TempPathFactory):
             zf.write(path, f"{name}_{lms_id}_{lms_id + 4000}_{LESSON}.ipynb")
     roster = work / "roster.csv"
     roster.write_text(
-        "student_id,lms_id\n"
-        + "".join(f"{student},{lms_id}\n" for student, (_, lms_id) in lms.items())
+        "student_id,lms_id,name,email,sis_user_id,sis_login_id,section\n"
+        + "".join(
+            f'{student},{lms_id},"{name}, {student}",{student}@uni.example,SIS-{lms_id},'
+            f"{student}.login,Section {lms_id % 2}\n"
+            for student, (name, lms_id) in lms.items()
+        )
     )
     proc = cli(root, "intake", LESSON, "--lms-zip", str(archive), "--roster", str(roster))
     assert proc.returncode == 0, proc.stderr
@@ -109,6 +116,10 @@ def term(tmp_path_factory: pytest.TempPathFactory):
     assert cli(root, "feedback", LESSON).returncode == 0
     out = root / "grades.csv"
     assert cli(root, "export", "--lesson", LESSON, "--out", str(out)).returncode == 0
+    lms_args = ["export", "--lesson", LESSON, "--lms-assignment", f"{LESSON}=5150"]
+    for fmt in ("canvas", "moodle"):
+        proc = cli(root, *lms_args, "--format", fmt, "--out", str(root / f"{fmt}.csv"))
+        assert proc.returncode == 0, proc.stderr
     return root, out, subs
 
 
@@ -127,6 +138,61 @@ def test_export_gives_each_exercise_what_each_submission_deserves(term):
             got = float(rows[student][f"{LESSON}/{exercise}"])
             assert got == points, f"{student} {exercise}: exported {got}, deserves {points}"
         assert float(rows[student][f"{LESSON}/total"]) == sum(expected.values())
+
+
+LMS_IDS = {"alice": "1001", "bob": "1002", "carol": "1003"}
+
+
+def test_grades_go_back_in_the_lms_import_formats(term):
+    root, out, _ = term
+    rows = {row["student_id"]: row for row in csv.DictReader(out.open())}
+    with open(root / "canvas.csv", newline="") as fh:
+        canvas = list(csv.reader(fh))
+    print(*map(",".join, canvas), sep="\n")
+    assert canvas[0] == [
+        "Student",
+        "ID",
+        "SIS User ID",
+        "SIS Login ID",
+        "Section",
+        f"{LESSON} (5150)",
+    ]
+    assert canvas[1][0].strip() == "Points Possible"
+    assert float(canvas[1][5]) == float(rows["alice"][f"{LESSON}/max"])
+    by_id = {r[1]: r for r in canvas[2:]}
+    assert set(by_id) == set(LMS_IDS.values())
+    for student, lms_id in LMS_IDS.items():
+        row = by_id[lms_id]
+        assert row[2:5] == [f"SIS-{lms_id}", f"{student}.login", f"Section {int(lms_id) % 2}"]
+        assert row[0].endswith(f", {student}")
+        assert float(row[5]) == float(rows[student][f"{LESSON}/total"])
+
+    with open(root / "moodle.csv", newline="") as fh:
+        moodle = list(csv.DictReader(fh))
+    print(*(",".join(r.values()) for r in moodle), sep="\n")
+    assert list(moodle[0]) == [
+        "Identifier",
+        "Full name",
+        "Email address",
+        "Status",
+        "Grade",
+        "Maximum Grade",
+        "Grade can be changed",
+        "Last modified (submission)",
+        "Last modified (grade)",
+        "Feedback comments",
+    ]
+    by_participant = {r["Identifier"]: r for r in moodle}
+    assert set(by_participant) == {f"Participant {i}" for i in LMS_IDS.values()}
+    for student, lms_id in LMS_IDS.items():
+        row = by_participant[f"Participant {lms_id}"]
+        assert row["Email address"] == f"{student}@uni.example"
+        assert float(row["Grade"]) == float(rows[student][f"{LESSON}/total"])
+        assert float(row["Maximum Grade"]) == float(rows[student][f"{LESSON}/max"])
+        assert row["Last modified (grade)"] and row["Last modified (submission)"]
+        for exercise in POINTS:
+            got = float(rows[student][f"{LESSON}/{exercise}"])
+            assert f"{exercise} {got:g}/{POINTS[exercise]:g}" in row["Feedback comments"]
 
 
 def test_feedback_exists_for_each_student_and_hides_no_failure(term):
