@@ -195,7 +195,7 @@ def trained_tensors(
 
 
 def tensor_kind(name: str) -> str:
-    """``weight``, ``activation`` or ``gradient`` for a name from :func:`trained_tensors`."""
+    """The kind of a :func:`trained_tensors` name: weight, activation or gradient (lesson 08)."""
     if name.endswith(".grad_output") or name.endswith(".grad"):
         return "gradient"
     return "activation" if name.endswith(".input") else "weight"
