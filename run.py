@@ -2,6 +2,9 @@
 """Set up the course and run it: the two commands of the README's quick start.
 
     python3 run.py lab     install what is needed into .venv/ and open the lessons in JupyterLab
+                           (the student's view: nbgrader's Validate and assignment list only)
+    python3 run.py lab --instructor   the same with nbgrader's instructor panels (Create
+                           Assignment, Formgrader, course list)
     python3 run.py test    install what is needed (test tools too) and run the whole test suite
     python3 run.py gpu-check   on an NVIDIA GPU machine: grade every lesson on CUDA, confirm the
                            CUDA autocast lists, print the speed/memory benchmark
@@ -12,6 +15,7 @@ runs on a fresh machine with nothing but Python 3.11+.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import shutil
@@ -24,8 +28,14 @@ VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / ("python.exe" if os.name == "nt" else "python")
 STAMP = VENV / ".course-installed"
-#: Debian packages the full test suite uses: a headless browser and the grader's sandbox.
-SYSTEM_PACKAGES = {"chromium": "/usr/bin/chromium", "bubblewrap": "/usr/bin/bwrap"}
+#: Debian packages the full test suite uses, each with the file that shows it is installed (a
+#: glob): a headless browser, the grader's sandbox, and a PostgreSQL server for the shared
+#: gradebook test (Debian puts it in /usr/lib/postgresql/<major version>/bin).
+SYSTEM_PACKAGES = {
+    "chromium": "/usr/bin/chromium",
+    "bubblewrap": "/usr/bin/bwrap",
+    "postgresql": "/usr/lib/postgresql/*/bin/pg_ctl",
+}
 
 
 def say(message: str) -> None:
@@ -86,11 +96,11 @@ def ensure_installed(extras: str) -> None:
 
 
 def ensure_system_packages() -> list[str]:
-    """Install the Debian packages the browser and sandbox tests need, where we may.
+    """Install the Debian packages the browser, sandbox and PostgreSQL tests need, where we may.
 
     Returns the packages still missing (their tests skip, or fail under CI=true).
     """
-    missing = [pkg for pkg, path in SYSTEM_PACKAGES.items() if not Path(path).exists()]
+    missing = [pkg for pkg, path in SYSTEM_PACKAGES.items() if not glob.glob(path)]
     if not missing:
         return []
     can_apt = shutil.which("apt-get") and hasattr(os, "geteuid") and os.geteuid() == 0
@@ -99,7 +109,7 @@ def ensure_system_packages() -> list[str]:
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
         run(["apt-get", "update", "-qq"], env=env)
         run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], env=env)
-        missing = [pkg for pkg, path in SYSTEM_PACKAGES.items() if not Path(path).exists()]
+        missing = [pkg for pkg, path in SYSTEM_PACKAGES.items() if not glob.glob(path)]
     if missing:
         say(
             f"not installed: {' '.join(missing)} (needs root: sudo apt-get install "
@@ -117,14 +127,34 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def lab_env(instructor: bool, env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: :func:`child_env`) with this launch's JupyterLab view configured.
+
+    The views are Jupyter config folders under ``jupyter/``, put first on JUPYTER_CONFIG_PATH for
+    this launch only, so neither view changes the other or anything in ~/.jupyter:
+    ``jupyter/common`` (both: no news prompt, lessons open unmodified) and, for students,
+    ``jupyter/student`` (nbgrader's Create Assignment, Formgrader and course list disabled).
+    """
+    env = dict(child_env() if env is None else env)
+    views = [] if instructor else [ROOT / "jupyter" / "student"]
+    paths = [str(p) for p in [*views, ROOT / "jupyter" / "common"]]
+    if env.get("JUPYTER_CONFIG_PATH"):
+        paths.append(env["JUPYTER_CONFIG_PATH"])
+    env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(paths)
+    return env
+
+
 def cmd_lab(args: list[str]) -> int:
+    instructor = "--instructor" in args
+    args = [a for a in args if a != "--instructor"]
     ensure_venv()
     ensure_installed("")
-    say("opening JupyterLab at lessons/ (stop it with Ctrl-C)")
+    view = "instructor" if instructor else "student"
+    say(f"opening JupyterLab at lessons/, {view} view (stop it with Ctrl-C)")
     cmd = [str(BIN / "jupyter"), "lab", "lessons/", *args]
     if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in args:
         cmd.append("--allow-root")
-    return subprocess.call(cmd, cwd=ROOT, env=child_env())
+    return subprocess.call(cmd, cwd=ROOT, env=lab_env(instructor))
 
 
 def cmd_test(args: list[str]) -> int:

@@ -7,6 +7,7 @@ the verdict. Screenshots go to $COURSE_TEST_ARTIFACTS/screenshots (default test-
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 import shutil
@@ -33,6 +34,15 @@ CHROMIUM_ARGS = [
 #: How to operate each lesson's main widget, where the default (first slider) is not it.
 WIDGET_ACTION: dict[str, str] = {"09-capstone": "button"}
 VALIDATE_LESSONS = {"01-number-formats"}
+#: The released lesson the view tests open, as a student gets it.
+RELEASED = "01-number-formats"
+#: nbgrader's JupyterLab plugins in each view.
+NBGRADER = "@jupyter/nbgrader:"
+STUDENT_PLUGINS = {NBGRADER + p for p in ("menu", "assignment-list", "validate-assignment")}
+INSTRUCTOR_PLUGINS = STUDENT_PLUGINS | {
+    NBGRADER + p for p in ("create-assignment", "formgrader", "course-list")
+}
+NEWS_PROMPT = "Would you like to get notified about official Jupyter news?"
 RUN_TIMEOUT_MS = 600_000
 
 pytestmark = [pytest.mark.browser, pytest.mark.xdist_group(name="browser")]
@@ -53,29 +63,25 @@ def shots() -> Path:
     return folder
 
 
-@pytest.fixture(scope="session")
-def lab(tmp_path_factory: pytest.TempPathFactory):
-    """A JupyterLab server on a free loopback port over a scratch copy of the course."""
-    root = tmp_path_factory.mktemp("lab")
-    (root / "grader").mkdir()
-    shutil.copy2(REPO_ROOT / "nbgrader_config.py", root)
-    shutil.copy2(REPO_ROOT / "grader" / "nbgrader_config.py", root / "grader")
-    for lesson in LESSON_IDS:
-        shutil.copytree(REPO_ROOT / "solutions" / lesson, root / lesson)
+def _load_run_py():
+    """The repository's run.py as a module: the lab views are launched as it launches them."""
+    spec = importlib.util.spec_from_file_location("course_run_py", REPO_ROOT / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _start_lab(root: Path, instructor: bool):
+    """JupyterLab on a free loopback port over ``root``, configured as ``run.py lab`` does."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     token = secrets.token_hex(16)
-    # Own settings and workspaces: no news prompt, nothing read from or left in ~/.jupyter.
-    settings = root / ".lab-settings"
-    notification = settings / "@jupyterlab" / "apputils-extension"
-    notification.mkdir(parents=True)
-    (notification / "notification.jupyterlab-settings").write_text(
-        '{"fetchNews": "false", "checkForUpdates": false}'
-    )
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    log = open(root / "jupyter.log", "w")  # noqa: SIM115 - closed below
+    env = _load_run_py().lab_env(instructor, env)
+    name = "instructor" if instructor else "student"
+    log = open(root / f"jupyter-{name}.log", "w")  # noqa: SIM115 - closed below
     cmd = [
         sys.executable,
         "-m",
@@ -88,6 +94,10 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
         f"--ServerApp.root_dir={root}",
         "--LabApp.expose_app_in_browser=True",
         "--ServerApp.port_retries=0",
+        # Empty settings and workspaces of its own: the course's defaults are what is tested,
+        # and nothing is read from or left in ~/.jupyter.
+        f"--LabApp.user_settings_dir={root / f'.settings-{name}'}",
+        f"--LabApp.workspaces_dir={root / f'.workspaces-{name}'}",
     ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
@@ -96,7 +106,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
         deadline = time.monotonic() + 120
         while True:
             if server.poll() is not None:
-                pytest.fail(f"JupyterLab exited:\n{(root / 'jupyter.log').read_text()[-3000:]}")
+                pytest.fail(f"JupyterLab exited:\n{Path(log.name).read_text()[-3000:]}")
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
@@ -115,6 +125,31 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
+def course_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A scratch copy of the course: every solution notebook, and lesson 01 as released."""
+    root = tmp_path_factory.mktemp("lab")
+    (root / "grader").mkdir()
+    shutil.copy2(REPO_ROOT / "nbgrader_config.py", root)
+    shutil.copy2(REPO_ROOT / "grader" / "nbgrader_config.py", root / "grader")
+    for lesson in LESSON_IDS:
+        shutil.copytree(REPO_ROOT / "solutions" / lesson, root / lesson)
+    shutil.copytree(REPO_ROOT / "lessons" / RELEASED, root / "lessons" / RELEASED)
+    return root
+
+
+@pytest.fixture(scope="session")
+def lab(course_copy: Path):
+    """The student's view (``python3 run.py lab``)."""
+    yield from _start_lab(course_copy, instructor=False)
+
+
+@pytest.fixture(scope="session")
+def instructor_lab(course_copy: Path):
+    """The instructor's view (``python3 run.py lab --instructor``)."""
+    yield from _start_lab(course_copy, instructor=True)
+
+
+@pytest.fixture(scope="session")
 def browser():
     if not CHROMIUM.exists():
         _missing("Debian's chromium is not installed (apt-get install chromium)")
@@ -128,13 +163,53 @@ def browser():
         b.close()
 
 
-def _dismiss_news(page) -> None:
-    no = page.locator(".jp-Notification-Toast-Close, button:has-text('No')")
-    if no.count():
-        try:
-            no.first.click(timeout=2000)
-        except Exception:  # noqa: BLE001 - the toast may vanish by itself
-            pass
+def _open(page, url: str, token: str, path: str, workspace: str) -> None:
+    """Open the notebook at ``path`` and wait until its kernel is idle (it has replied with its
+    kernel info, which is when JupyterLab rewrites metadata that differs from the kernel's)."""
+    page.goto(f"{url}/lab/workspaces/{workspace}/tree/{path}?reset&token={token}")
+    page.wait_for_function(
+        "window.jupyterapp && document.querySelector('.jp-Notebook .jp-Cell')", timeout=120_000
+    )
+    page.wait_for_function(
+        """() => {
+            const w = window.jupyterapp.shell.currentWidget;
+            const kernel = w && w.sessionContext && w.sessionContext.session
+              && w.sessionContext.session.kernel;
+            return kernel && kernel.status === 'idle';
+        }""",
+        timeout=120_000,
+        polling=500,
+    )
+    page.wait_for_timeout(3000)
+
+
+def _modified(page) -> bool:
+    """Whether the notebook on show is marked modified (its model, or its tab's dot)."""
+    return page.evaluate(
+        """() => window.jupyterapp.shell.currentWidget.context.model.dirty
+                 || !!document.querySelector('.lm-TabBar-tab.jp-mod-current.jp-mod-dirty')"""
+    )
+
+
+def _view(page) -> dict:
+    """What a person sees of nbgrader and JupyterLab's prompts in the page."""
+    page.locator("#jp-menu-panel .lm-MenuBar-itemLabel", has_text="Nbgrader").click()
+    page.wait_for_selector("#jp-mainmenu-nbgrader", timeout=10_000)
+    menu = page.locator("#jp-mainmenu-nbgrader .lm-Menu-itemLabel:visible").all_inner_texts()
+    page.keyboard.press("Escape")
+    return page.evaluate(
+        """(menu) => ({
+            plugins: window.jupyterapp.listPlugins().filter(
+                p => p.startsWith('@jupyter/nbgrader:') && window.jupyterapp.isPluginActivated(p)),
+            sidebars: [...document.querySelectorAll('.jp-SideBar .lm-TabBar-tab')]
+              .map(t => t.title || t.innerText),
+            validate: [...document.querySelectorAll('.jp-NotebookPanel-toolbar')]
+              .some(t => t.innerText.includes('Validate')),
+            menu: menu.filter(t => t.trim()),
+            text: document.body.innerText,
+        })""",
+        menu,
+    )
 
 
 def _run_all(page) -> None:
@@ -235,16 +310,10 @@ def test_lesson_runs_and_its_widget_responds_in_jupyterlab(lab, browser, shots, 
     shot = shots / f"{lesson}.png"
     started = time.monotonic()
     try:
-        page.goto(f"{url}/lab/workspaces/{lesson}/tree/{lesson}/{lesson}.ipynb?reset&token={token}")
-        page.wait_for_function(
-            "window.jupyterapp && document.querySelector('.jp-Notebook .jp-Cell')",
-            timeout=120_000,
-        )
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator, .jp-KernelStatus", timeout=120_000)
-        page.wait_for_timeout(2000)
-        _dismiss_news(page)
+        _open(page, url, token, f"{lesson}/{lesson}.ipynb", lesson)
+        assert not _modified(page), f"{lesson}: marked modified on opening, before any edit"
         _run_all(page)
-        _dismiss_news(page)
+        assert NEWS_PROMPT not in page.locator("body").inner_text(), "the news prompt showed"
         stderr = (
             _panel(page)
             .locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
@@ -272,5 +341,56 @@ def test_lesson_runs_and_its_widget_responds_in_jupyterlab(lab, browser, shots, 
             f"{lesson} failed in the browser: {exc}\nscreenshot: {shot}\n"
             f"browser console errors:\n{console}"
         ) from exc
+    finally:
+        page.close()
+
+
+def _page(browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    return page, errors
+
+
+def test_student_view_has_validate_and_the_assignment_list_only(lab, browser, shots):
+    """``run.py lab``: no instructor panels, no news prompt, a lesson opens unmodified."""
+    url, token = lab
+    page, errors = _page(browser)
+    try:
+        _open(page, url, token, f"lessons/{RELEASED}/{RELEASED}.ipynb", "student")
+        assert not _modified(page), f"{RELEASED} is marked modified on opening, before any edit"
+        view = _view(page)
+        page.screenshot(path=str(shots / "view-student.png"))
+        assert set(view["plugins"]) == STUDENT_PLUGINS, view["plugins"]
+        assert view["validate"], "no Validate button on the notebook's toolbar"
+        assert view["menu"] == ["Assignment List"], view["menu"]
+        assert not any("Create Assignment" in t for t in view["sidebars"]), view["sidebars"]
+        assert NEWS_PROMPT not in view["text"], "the Jupyter news prompt showed"
+        # The instructor's server side is off too: no formgrader pages for students.
+        status = page.request.get(f"{url}/formgrader?token={token}").status
+        assert status == 404, f"/formgrader answered {status} in the student's view"
+        assert not errors, errors
+    finally:
+        page.close()
+
+
+def test_instructor_view_has_nbgraders_panels(instructor_lab, browser, shots):
+    """``run.py lab --instructor``: Create Assignment and Formgrader, still no news prompt."""
+    url, token = instructor_lab
+    page, errors = _page(browser)
+    try:
+        _open(page, url, token, f"lessons/{RELEASED}/{RELEASED}.ipynb", "instructor")
+        assert not _modified(page), f"{RELEASED} is marked modified on opening, before any edit"
+        view = _view(page)
+        page.screenshot(path=str(shots / "view-instructor.png"))
+        assert set(view["plugins"]) == INSTRUCTOR_PLUGINS, view["plugins"]
+        assert view["validate"], "no Validate button on the notebook's toolbar"
+        for item in ("Assignment List", "Formgrader", "Create assignment"):
+            assert item in view["menu"], view["menu"]
+        assert any("Create Assignment" in t for t in view["sidebars"]), view["sidebars"]
+        assert NEWS_PROMPT not in view["text"], "the Jupyter news prompt showed"
+        status = page.request.get(f"{url}/formgrader?token={token}").status
+        assert status == 200, f"/formgrader answered {status} in the instructor's view"
+        assert not errors, errors
     finally:
         page.close()
