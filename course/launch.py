@@ -25,11 +25,20 @@ and grading, where the code under test may be wrong:
   :class:`RankFailed` naming the rank and carrying its traceback. Each rank's printed output
   is captured in a file and replayed, prefixed with ``[rank r]``.
 - **No process outlives a launch.** Each rank leads its own process group and asks the kernel
-  to kill it if the launching process dies (``PR_SET_PDEATHSIG``). The launcher waits at most
-  ``timeout`` seconds and stops early when a rank fails; then, whatever happened (success,
-  exception, timeout, ``KeyboardInterrupt``), it sends SIGKILL to every rank's whole process
-  group (which also ends anything a rank started) and reaps every child before returning.
-  The collectives themselves get the same timeout, so a rank left waiting for a peer gives up.
+  to kill it if the launching process dies (``PR_SET_PDEATHSIG``). The launcher stops early when
+  a rank fails; then, whatever happened (success, exception, timeout, ``KeyboardInterrupt``),
+  it sends SIGKILL to every rank's whole process group (which also ends anything a rank
+  started) and reaps every child before returning.
+- **A timeout that a busy machine cannot trip.** ``timeout`` counts the seconds the ranks
+  *could run*, not wall-clock seconds: while more processes are runnable than there are CPUs
+  (a grading machine running one notebook per core, each with its ranks), each wall-clock
+  second counts only as the CPUs' share of it (:func:`cpu_share`, from ``/proc/loadavg``).
+  So a correct run that is merely slowed down is never stopped, while a rank that waits for a
+  peer that never comes (which uses no CPU, so the machine is not busier for it) is stopped
+  after about ``timeout`` seconds on a quiet machine and at most :data:`MAX_STRETCH` times that
+  on a busy one. Notebook graders also stop a cell after a wall-clock limit; an interrupted
+  launch (``KeyboardInterrupt``) kills its ranks like any other. The collectives get a timeout
+  longer than the launch's longest wait, so the launcher, not a rank, reports a hang.
 """
 
 from __future__ import annotations
@@ -58,8 +67,10 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-#: Seconds a launch may take before every rank is killed (lesson 06).
+#: Seconds of CPU-available time a launch may take before every rank is killed (lesson 06).
 DEFAULT_TIMEOUT = 120.0
+#: On a busy machine the timeout stretches, up to this many times its value in wall-clock time.
+MAX_STRETCH = 10.0
 #: Seconds the launcher waits for the other ranks after one failed, to report the first cause.
 FAILURE_GRACE = 0.5
 
@@ -227,7 +238,7 @@ def _child(
             init_method=(folder / "store").as_uri(),
             rank=rank,
             world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout),
+            timeout=datetime.timedelta(seconds=collective_timeout(timeout)),
         )
         payload = {"ok": True, "result": _to_cpu(fn(rank, world_size, *args))}
         try:
@@ -363,7 +374,8 @@ def launch(
     ``FileStore`` in a fresh temporary folder) when ``fn`` starts. Results come back in rank
     order with tensors on the CPU. If a rank raises or dies, the others are stopped and
     :class:`RankFailed` is raised with that rank's traceback; if the ranks have not all finished
-    after ``timeout`` seconds, every one is killed and :class:`LaunchTimeout` is raised. In every
+    after ``timeout`` seconds (of CPU time available to them: a busy machine stretches it, see
+    :func:`cpu_share`), every one is killed and :class:`LaunchTimeout` is raised. In every
     case no process of the launch is left running when this function returns or raises.
 
     ``start_method`` defaults to ``fork`` where that is safe (no GPU, see
@@ -446,27 +458,66 @@ def launch(
     return [outcomes[rank]["result"] for rank in range(world_size)]
 
 
+def collective_timeout(timeout: float) -> float:
+    """The process group's collective timeout for a launch of ``timeout`` (lesson 06).
+
+    Longer than the longest the launcher waits (``timeout`` stretched :data:`MAX_STRETCH`
+    times), so a rank waiting for a slow peer never gives up before the launcher decides.
+    """
+    return timeout * MAX_STRETCH + 60.0
+
+
+def cpu_share(cpus: int | None = None, loadavg: str | None = None) -> float:
+    """The share of a CPU each runnable process gets right now, at most 1 (lesson 06).
+
+    ``/proc/loadavg``'s fourth field is "runnable/total" scheduling entities at this instant;
+    with more runnable than ``cpus`` (default: the CPUs this process may use), each gets
+    ``cpus / runnable``. 1.0 where that cannot be read. The launcher's timeout counts time
+    at this rate.
+    """
+    if cpus is None:
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = os.cpu_count() or 1
+    try:
+        text = loadavg if loadavg is not None else Path("/proc/loadavg").read_text()
+        runnable = int(text.split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return 1.0
+    return min(1.0, max(1, cpus) / max(1, runnable))
+
+
 def _supervise(procs: list[Any], folder: Path, world_size: int, timeout: float) -> dict:
-    """Wait for the ranks; stop at the first failure or at the deadline."""
-    deadline = time.monotonic() + timeout
+    """Wait for the ranks; stop at the first failure or when the timeout is used up.
+
+    The timeout is spent at the rate :func:`cpu_share` gives (a busy machine spends it more
+    slowly), and never lasts longer than :data:`MAX_STRETCH` times its value.
+    """
+    start = last = time.monotonic()
+    hard_deadline = start + timeout * MAX_STRETCH
+    used = 0.0
     pending = {proc.sentinel: rank for rank, proc in enumerate(procs)}
     outcomes: dict[int, dict] = {}
     failed_at: float | None = None
     while pending:
         now = time.monotonic()
+        used += (now - last) * cpu_share()
+        last = now
         if failed_at is not None and (now - failed_at > FAILURE_GRACE or not pending):
             break
-        if now >= deadline:
+        if used >= timeout or now >= hard_deadline:
             if failed_at is not None:
                 break
             running = sorted(pending.values())
             raise LaunchTimeout(
-                f"rank(s) {running} of {world_size} had not finished after {timeout:g} s, so "
-                "every rank was killed. A rank that waits in a collective (all_reduce, "
-                "barrier, DDP's backward) for a peer that never joins it waits forever: check "
-                "that every rank makes the same collective calls in the same order."
+                f"rank(s) {running} of {world_size} had not finished after {now - start:.0f} s "
+                f"(a timeout of {timeout:g} s of CPU time available to them), so every rank "
+                "was killed. A rank that waits in a collective (all_reduce, barrier, DDP's "
+                "backward) for a peer that never joins it waits forever: check that every rank "
+                "makes the same collective calls in the same order."
             )
-        wait_for = min(deadline - now, 0.25)
+        wait_for = min(max(timeout - used, 0.0), 0.25)
         if failed_at is not None:
             wait_for = min(wait_for, FAILURE_GRACE)
         for sentinel in _wait_for(list(pending), timeout=max(wait_for, 0.0)):
@@ -553,11 +604,13 @@ def child_pids(include_helpers: bool = False) -> list[int]:
 
 
 class AllReduceCount:
-    """What :func:`count_ddp_allreduces` saw: DDP models built and all-reduce calls made."""
+    """What :func:`count_ddp_allreduces` saw: DDP models built, all-reduce calls made, and
+    the first tensor argument of every DDP forward call (detached copies, in call order)."""
 
     def __init__(self) -> None:
         self.models = 0
         self.calls = 0
+        self.inputs: list[torch.Tensor] = []
 
 
 @contextlib.contextmanager
@@ -566,13 +619,22 @@ def count_ddp_allreduces():
 
     Every ``DistributedDataParallel`` constructed inside the ``with`` block gets a comm hook
     that all-reduces exactly as DDP does by default and counts one call per gradient bucket.
-    (So the code under test must not register a comm hook of its own.) Introduced in lesson 06.
+    (So the code under test must not register a comm hook of its own.) Every forward call of a
+    DDP model inside the block also records a copy of its first tensor argument in ``inputs``,
+    so a grader can see which rows each rank trained on. Introduced in lesson 06.
     """
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
     count = AllReduceCount()
     original = DistributedDataParallel.__init__
+    original_forward = DistributedDataParallel.forward
+
+    def recording_forward(self, *args, **kwargs):
+        first = next((a for a in _tensors_in(list(args) + list(kwargs.values()))), None)
+        if first is not None:
+            count.inputs.append(first.detach().to("cpu", copy=True))
+        return original_forward(self, *args, **kwargs)
 
     def counting_init(self, *args, **kwargs):
         original(self, *args, **kwargs)
@@ -585,10 +647,12 @@ def count_ddp_allreduces():
         self.register_comm_hook(None, hook)
 
     DistributedDataParallel.__init__ = counting_init
+    DistributedDataParallel.forward = recording_forward
     try:
         yield count
     finally:
         DistributedDataParallel.__init__ = original
+        DistributedDataParallel.forward = original_forward
 
 
 #: The ``torch.distributed`` collectives :func:`record_collectives` watches.

@@ -243,6 +243,69 @@ def norm_io_dtypes(modules: dict[str, nn.Module], run: Callable[[], Any]) -> lis
     return [seen[name] for name in modules if name in seen]
 
 
+class NormCall:
+    """One call of a normalization function seen by :func:`record_norm_calls` (lesson 04)."""
+
+    def __init__(self, name: str, input_dtype: torch.dtype, weight_dtype: torch.dtype | None):
+        self.name = name
+        self.input_dtype = input_dtype
+        self.weight_dtype = weight_dtype
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.name}(input {dtype_name(self.input_dtype)}, "
+            f"weight {dtype_name(self.weight_dtype)})"
+        )
+
+
+class _NormCallRecorder(torch.overrides.TorchFunctionMode):
+    """Records the input dtype of every ``F.batch_norm``/``layer_norm``/``group_norm`` call."""
+
+    def __init__(self, calls: list[NormCall]) -> None:
+        super().__init__()
+        self.calls = calls
+        self.watched = {
+            nn.functional.batch_norm: "batch_norm",
+            nn.functional.layer_norm: "layer_norm",
+            nn.functional.group_norm: "group_norm",
+        }
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = self.watched.get(func)
+        if name is not None:
+            x = args[0] if args else kwargs.get("input")
+            weight = kwargs.get("weight")
+            if weight is None:
+                # batch_norm(input, running_mean, running_var, weight, ...); the others take
+                # (input, normalized_shape or num_groups, weight, ...).
+                position = 3 if name == "batch_norm" else 2
+                weight = args[position] if len(args) > position else None
+            self.calls.append(
+                NormCall(
+                    name,
+                    x.dtype,
+                    weight.dtype if isinstance(weight, torch.Tensor) else None,
+                )
+            )
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def record_norm_calls():
+    """Record what every normalization function computes on inside the block (lesson 04).
+
+    A ``torch.overrides.TorchFunctionMode`` sees each call of ``F.batch_norm``,
+    ``F.layer_norm`` and ``F.group_norm`` (which every BatchNorm, LayerNorm and GroupNorm
+    layer's forward makes) and appends a :class:`NormCall` with its input's and weight's dtype
+    to the list it yields. CPU kernels accept float16 input with float32 weights, so only
+    watching the call itself tells a layer that computes in float32 from one that does not.
+    """
+    calls: list[NormCall] = []
+    with _NormCallRecorder(calls):
+        yield calls
+
+
 def format_rows(rows: Sequence[dict[str, Any]], title: str = "") -> str:
     """A plain text table of dict rows with the same keys (lesson 04)."""
     if not rows:

@@ -133,7 +133,7 @@ def test_a_hanging_rank_is_killed_at_the_timeout_with_everything_it_started(tmp_
     with pytest.raises(LaunchTimeout) as info:
         launch(_hang_and_start_grandchildren, 2, (str(tmp_path),), timeout=3, show_output=False)
     elapsed = time.monotonic() - start
-    assert 3 <= elapsed < 20
+    assert 3 <= elapsed < 3 * D.MAX_STRETCH + 15  # a busy machine stretches the timeout
     assert "[0, 1]" in str(info.value)
     pids = [int(p.read_text()) for p in sorted(tmp_path.iterdir())]
     assert len(pids) == 4
@@ -141,6 +141,42 @@ def test_a_hanging_rank_is_killed_at_the_timeout_with_everything_it_started(tmp_
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [pid for pid in pids if _alive(pid)], "a rank or its child outlived the launch"
+
+
+def _sleep_then_return(rank, world_size, seconds):
+    time.sleep(seconds)
+    dist.barrier()
+    return rank
+
+
+def test_cpu_share_reads_the_runnable_count():
+    assert D.cpu_share(2, "3.10 2.50 2.00 8/412 9999") == 0.25
+    assert D.cpu_share(4, "0.10 0.20 0.30 2/412 9999") == 1.0
+    assert D.cpu_share(2, "garbage") == 1.0
+    assert 0.0 < D.cpu_share() <= 1.0
+
+
+def test_a_busy_machine_stretches_the_timeout_but_not_forever(monkeypatch):
+    # Four runnable processes per CPU: a second counts as a quarter. A run that needs 2 s of
+    # wall-clock time is not stopped by a timeout of 1 s...
+    monkeypatch.setattr(D, "cpu_share", lambda: 0.25)
+    assert launch(_sleep_then_return, 2, (2.0,), timeout=1.0, show_output=False) == [0, 1]
+    # ...but a hang still ends, after timeout / share seconds.
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeout):
+        launch(_sleep_forever, 2, timeout=1.0, show_output=False)
+    assert 4.0 <= time.monotonic() - start < 4.0 + 15
+    # However busy the machine, the wait ends after MAX_STRETCH times the timeout.
+    monkeypatch.setattr(D, "cpu_share", lambda: 0.0)
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeout):
+        launch(_sleep_forever, 2, timeout=0.5, show_output=False)
+    assert 0.5 * D.MAX_STRETCH <= time.monotonic() - start < 0.5 * D.MAX_STRETCH + 15
+
+
+def test_collectives_wait_longer_than_the_launcher():
+    for timeout in (1.0, D.DEFAULT_TIMEOUT):
+        assert D.collective_timeout(timeout) > timeout * D.MAX_STRETCH
 
 
 def _dies_hard(rank, world_size):
@@ -414,7 +450,7 @@ def _count_probe(rank, world_size, use_no_sync):
     with record_collectives() as sent:
         dist.all_reduce(torch.ones(2, dtype=torch.float16))
         dist.broadcast(torch.ones(3), src=0)
-    return {"models": count.models, "calls": count.calls, "sent": sent}
+    return {"models": count.models, "calls": count.calls, "sent": sent, "inputs": count.inputs}
 
 
 def test_graders_instruments_count_all_reduces_and_record_dtypes():
@@ -422,10 +458,14 @@ def test_graders_instruments_count_all_reduces_and_record_dtypes():
     without = launch(_count_probe, 2, (False,), timeout=120, show_output=False)
     assert with_no_sync[0]["models"] == 1
     assert with_no_sync[0]["calls"] == 2 and without[0]["calls"] == 8
+    assert len(with_no_sync[1]["inputs"]) == 8
+    x, _ = AmpDDPConfig(steps=2, accum_steps=4).batch(1)
+    assert torch.equal(with_no_sync[1]["inputs"][-1], x.chunk(4)[3])
     assert with_no_sync[1]["sent"] == [("all_reduce", torch.float16), ("broadcast", torch.float32)]
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     assert DDP.__init__.__name__ == "__init__", "the counter was not removed"
+    assert DDP.forward.__name__ == "forward", "the input recorder was not removed"
     assert dist.all_reduce.__name__ == "all_reduce", "the spy was not removed"
 
 

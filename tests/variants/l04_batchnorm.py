@@ -1,4 +1,4 @@
-"""Wrong answers to lesson 04's exercises that the graders must reject."""
+"""Wrong answers to lesson 04's exercises that the graders must reject, and valid ones they keep."""
 
 LESSON = "04-batchnorm"
 
@@ -101,6 +101,24 @@ def half_with_fp32_norm(model):
     return model
 """,
     ),
+    "norm_input_not_cast": (
+        "keep_norm_fp32",
+        """
+def half_with_fp32_norm(model):
+    # Wrong: keeps the normalization layers' tensors in float32 but never casts their input, so
+    # they compute on float16 input (CPU kernels accept float16 input with float32 weights and
+    # return float16, so nothing fails here; the tests watch what F.batch_norm etc. receive).
+    norm_types = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm)
+    for module in model.modules():
+        if not isinstance(module, norm_types):
+            for p in module.parameters(recurse=False):
+                p.data = p.data.half()
+            for name, b in module.named_buffers(recurse=False):
+                if b.is_floating_point():
+                    setattr(module, name, b.half())
+    return model
+""",
+    ),
     "momentum_unchanged": (
         "bn_momentum",
         """
@@ -121,6 +139,100 @@ def pytorch_momentum(keras_momentum):
     if not 0.0 <= k <= 1.0:
         raise ValueError(f"momentum must be in [0, 1], got {keras_momentum!r}")
     return 1.0 / k
+""",
+    ),
+    "momentum_nan_accepted": (
+        "bn_momentum",
+        """
+def pytorch_momentum(keras_momentum):
+    # Wrong: rejects values below 0 and above 1 one comparison at a time, so NaN (for which
+    # every comparison is False) slips through and becomes a NaN momentum.
+    k = float(keras_momentum)
+    if k < 0.0 or k > 1.0:
+        raise ValueError(f"momentum must be in [0, 1], got {keras_momentum!r}")
+    return 1.0 - k
+""",
+    ),
+}
+
+VALID = {
+    "norm_wrapper_modules": (
+        "keep_norm_fp32",
+        """
+class _Float32Norm(nn.Module):
+    # Runs the wrapped normalization layer on float32 input and hands back float16.
+    def __init__(self, norm):
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x):
+        return self.norm(x.float()).half()
+
+
+def half_with_fp32_norm(model):
+    # Valid: wraps every normalization layer in a module that casts in and out, instead of hooks.
+    norm_types = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm)
+
+    def convert(module):
+        for name, child in list(module.named_children()):
+            if isinstance(child, norm_types):
+                setattr(module, name, _Float32Norm(child))
+            else:
+                convert(child)
+        for p in module.parameters(recurse=False):
+            p.data = p.data.to(torch.float16)
+        for name, b in list(module.named_buffers(recurse=False)):
+            if torch.is_floating_point(b):
+                module.register_buffer(name, b.to(torch.float16))
+
+    convert(model)
+    return model
+""",
+    ),
+    "norm_save_and_restore": (
+        "keep_norm_fp32",
+        """
+import copy
+
+
+def half_with_fp32_norm(model):
+    # Valid: keeps a float32 copy of every normalization layer's state, converts the whole model
+    # with .half(), then puts the norms back to float32 from the copies (not through float16).
+    norm_types = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm)
+    norms = [m for m in model.modules() if isinstance(m, norm_types)]
+    saved = [copy.deepcopy(m.state_dict()) for m in norms]
+    model.half()
+    for m, state in zip(norms, saved):
+        m.float()
+        m.load_state_dict(state)
+        m.register_forward_pre_hook(lambda mod, args: (args[0].to(torch.float32),) + args[1:])
+        m.register_forward_hook(lambda mod, args, out: out.to(torch.float16))
+    return model
+""",
+    ),
+    "momentum_fraction": (
+        "bn_momentum",
+        """
+import math
+from fractions import Fraction
+
+
+def pytorch_momentum(keras_momentum):
+    # Valid: checks finiteness and range separately, computes 1 - k exactly and rounds once.
+    k = float(keras_momentum)
+    if math.isnan(k) or k < 0 or k > 1:
+        raise ValueError(f"Keras momentum must lie in [0, 1], got {keras_momentum!r}")
+    return float(1 - Fraction(k))
+""",
+    ),
+    "momentum_not_in_range": (
+        "bn_momentum",
+        """
+def pytorch_momentum(keras_momentum):
+    # Valid: the range test written as a negated chain, the result as float(1 - k).
+    if not (0 <= keras_momentum <= 1):
+        raise ValueError("momentum is a weight between 0 and 1")
+    return float(1 - float(keras_momentum))
 """,
     ),
 }

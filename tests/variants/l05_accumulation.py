@@ -1,4 +1,4 @@
-"""Wrong answers to lesson 05's exercises that the graders must reject."""
+"""Wrong answers to lesson 05's exercises that the graders must reject, and valid ones they keep."""
 
 LESSON = "05-accumulation"
 
@@ -85,6 +85,44 @@ def accumulated_step(model, optimizer, scaler, micro_batches, loss_fn, device_ty
     return bool(scaler.get_scale() >= before)
 """,
     ),
+    "stepped_if_scale_unchanged": (
+        "accumulated_step",
+        """
+def accumulated_step(model, optimizer, scaler, micro_batches, loss_fn, device_type, dtype,
+                     max_grad_norm=None):
+    # Wrong: "stepped" taken as "the scale did not change", so a clean step after which the
+    # scale grows (growth_interval reached) is reported as skipped.
+    for xb, yb in micro_batches:
+        with torch.amp.autocast(device_type, dtype=dtype):
+            loss = loss_fn(model(xb), yb) / len(micro_batches)
+        scaler.scale(loss).backward()
+    if max_grad_norm is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    scale_before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return scaler.get_scale() == scale_before
+""",
+    ),
+    "no_optimizer_state": (
+        "checkpoint_state",
+        """
+def save_training_state(path, model, optimizer, scaler):
+    # Wrong: the optimizer's state (AdamW's moments and step count, SGD's momentum) is not
+    # saved, so the resumed run takes different steps.
+    torch.save({"model": model.state_dict(), "scaler": scaler.state_dict(),
+                "cpu_rng": torch.get_rng_state()}, path)
+
+
+def load_training_state(path, model, optimizer, scaler):
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["cpu_rng"])
+""",
+    ),
     "no_scaler_state": (
         "checkpoint_state",
         """
@@ -115,6 +153,99 @@ def load_training_state(path, model, optimizer, scaler):
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scaler.load_state_dict(state["scaler"])
+""",
+    ),
+}
+
+VALID = {
+    "accumulate_with_enumerate": (
+        "accumulated_step",
+        """
+def accumulated_step(model, optimizer, scaler, micro_batches, loss_fn, device_type, dtype,
+                     max_grad_norm=None):
+    # Valid: keyword arguments, a float scale read before the step and a negated comparison.
+    k = len(micro_batches)
+    for i, (xb, yb) in enumerate(micro_batches):
+        with torch.amp.autocast(device_type=device_type, dtype=dtype):
+            out = model(xb)
+            loss = loss_fn(out, yb) / k
+        scaler.scale(loss).backward()
+    if max_grad_norm is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_grad_norm)
+    before = float(scaler.get_scale())
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+    return not float(scaler.get_scale()) < before
+""",
+    ),
+    "accumulate_try_finally": (
+        "accumulated_step",
+        """
+def accumulated_step(model, optimizer, scaler, micro_batches, loss_fn, device_type, dtype,
+                     max_grad_norm=None):
+    # Valid: clears the gradients in a finally block and clips through a list of parameters.
+    params = [p for p in model.parameters()]
+    try:
+        for xb, yb in micro_batches:
+            with torch.amp.autocast(device_type, dtype=dtype):
+                loss = loss_fn(model(xb), yb)
+            scaler.scale(loss / len(micro_batches)).backward()
+        if max_grad_norm is not None:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        old_scale = scaler.get_scale()
+        scaler.step(optimizer)
+        scaler.update()
+        return bool(old_scale <= scaler.get_scale())
+    finally:
+        optimizer.zero_grad(set_to_none=True)
+""",
+    ),
+    "checkpoint_file_object": (
+        "checkpoint_state",
+        """
+def save_training_state(path, model, optimizer, scaler):
+    # Valid: writes through an open file, with the random states under one key.
+    rng = {"cpu": torch.random.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    with open(path, "wb") as f:
+        torch.save({"model": model.state_dict(), "optim": optimizer.state_dict(),
+                    "scaler": scaler.state_dict(), "rng": rng}, f)
+
+
+def load_training_state(path, model, optimizer, scaler):
+    with open(path, "rb") as f:
+        state = torch.load(f, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optim"])
+    scaler.load_state_dict(state["scaler"])
+    torch.random.set_rng_state(state["rng"]["cpu"])
+    if "cuda" in state["rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+""",
+    ),
+    "checkpoint_list": (
+        "checkpoint_state",
+        """
+def save_training_state(path, model, optimizer, scaler):
+    # Valid: a list instead of a dict, in a fixed order.
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    torch.save([model.state_dict(), optimizer.state_dict(), scaler.state_dict(),
+                torch.get_rng_state(), cuda], str(path))
+
+
+def load_training_state(path, model, optimizer, scaler):
+    model_sd, optim_sd, scaler_sd, cpu_rng, cuda_rng = torch.load(
+        str(path), map_location="cpu", weights_only=True)
+    model.load_state_dict(model_sd)
+    optimizer.load_state_dict(optim_sd)
+    scaler.load_state_dict(scaler_sd)
+    torch.set_rng_state(cpu_rng)
+    if cuda_rng is not None:
+        torch.cuda.set_rng_state_all(cuda_rng)
 """,
     ),
 }

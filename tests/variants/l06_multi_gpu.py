@@ -1,4 +1,4 @@
-"""Wrong answers to lesson 06's exercises that the graders must reject."""
+"""Wrong answers to lesson 06's exercises that the graders must reject, and valid ones they keep."""
 
 LESSON = "06-multi-gpu"
 
@@ -67,6 +67,61 @@ def ddp_amp_worker(rank, world_size, config):
     return {"state_dict": model.state_dict(), "scales": scales}
 """,
     ),
+    "ddp_every_rank_whole_batch": (
+        "ddp_amp_worker",
+        """
+import contextlib
+
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def ddp_amp_worker(rank, world_size, config):
+    # Wrong: every rank trains on the whole global batch, so no data is split. The averaged
+    # gradient is the same as one process's, so the weights match; only the work is repeated
+    # world_size times (the graders look at the rows each rank feeds its model).
+    model = config.make_model()
+    ddp_model = DDP(model)
+    optimizer = config.make_optimizer(ddp_model.parameters())
+    scaler = torch.amp.GradScaler(config.device_type, init_scale=config.init_scale,
+                                  growth_interval=config.growth_interval)
+    scales = []
+    for step in range(config.steps):
+        x, y = config.batch(step)
+        micro = list(zip(x.chunk(config.accum_steps), y.chunk(config.accum_steps)))
+        for i, (xm, ym) in enumerate(micro):
+            with contextlib.nullcontext() if i == len(micro) - 1 else ddp_model.no_sync():
+                with torch.amp.autocast(config.device_type, dtype=config.amp_dtype,
+                                        enabled=config.amp_enabled):
+                    loss = config.loss_fn(ddp_model(xm), ym) / config.accum_steps
+                scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        scales.append(scaler.get_scale())
+    return {"state_dict": model.state_dict(), "scales": scales}
+""",
+    ),
+    "fp16_cast_then_divide": (
+        "fp16_allreduce_mean",
+        """
+def fp16_allreduce_mean(tensor, group=None):
+    # Wrong: casts to float16 before dividing by the world size, so a value above 65504 is
+    # already inf although its share (value / world size) would fit.
+    buffer = tensor.half() / dist.get_world_size(group)
+    dist.all_reduce(buffer, group=group)
+    return buffer.float()
+""",
+    ),
+    "fp16_float32_on_the_wire": (
+        "fp16_allreduce_mean",
+        """
+def fp16_allreduce_mean(tensor, group=None):
+    # Wrong: rounds to float16 but communicates float32, so nothing is saved on the wire.
+    buffer = (tensor / dist.get_world_size(group)).half().float()
+    dist.all_reduce(buffer, group=group)
+    return buffer
+""",
+    ),
     "fp16_sum_then_divide": (
         "fp16_allreduce_mean",
         """
@@ -94,6 +149,25 @@ def sync_bn_stats(x, group=None):
     return mean, square - mean * mean
 """,
     ),
+    "bn_unbiased_variance": (
+        "sync_bn_stats",
+        """
+def sync_bn_stats(x, group=None):
+    # Wrong: divides by count - 1 (torch.var's default); BatchNorm normalizes with the biased
+    # variance, dividing by the count.
+    x32 = x.float()
+    dims = [d for d in range(x32.dim()) if d != 1]
+    shape = [1] * x32.dim()
+    shape[1] = x32.shape[1]
+    count = torch.tensor([x32.numel() // x32.shape[1]], dtype=torch.float32)
+    packed = torch.cat([count, x32.sum(dim=dims)])
+    dist.all_reduce(packed, group=group)
+    mean = packed[1:] / packed[0]
+    squares = ((x32 - mean.view(shape)) ** 2).sum(dim=dims)
+    dist.all_reduce(squares, group=group)
+    return mean, squares / (packed[0] - 1)
+""",
+    ),
     "bn_reduce_in_fp16": (
         "sync_bn_stats",
         """
@@ -109,6 +183,144 @@ def sync_bn_stats(x, group=None):
     squares = ((x - mean.view(shape)) ** 2).sum(dim=dims)
     dist.all_reduce(squares, group=group)
     return mean.float(), (squares / packed[0]).float()
+""",
+    ),
+}
+
+VALID = {
+    "ddp_slices_and_module_state": (
+        "ddp_amp_worker",
+        """
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def ddp_amp_worker(rank, world_size, config):
+    # Valid: slices the share by index, splits it with torch.split, enters no_sync() only for
+    # the first micro-batches, multiplies by 1 / accum_steps, returns the wrapped module's state.
+    ddp_model = DDP(config.make_model())
+    optimizer = config.make_optimizer(ddp_model.parameters())
+    scaler = torch.amp.GradScaler(config.device_type, init_scale=config.init_scale,
+                                  growth_interval=config.growth_interval)
+    share = config.global_batch // world_size
+    size = share // config.accum_steps
+    scales = []
+
+    def micro_step(xm, ym):
+        with torch.amp.autocast(config.device_type, dtype=config.amp_dtype,
+                                enabled=config.amp_enabled):
+            loss = config.loss_fn(ddp_model(xm), ym) * (1.0 / config.accum_steps)
+        scaler.scale(loss).backward()
+
+    for step in range(config.steps):
+        x, y = config.batch(step)
+        xs = torch.split(x[rank * share:(rank + 1) * share], size)
+        ys = torch.split(y[rank * share:(rank + 1) * share], size)
+        with ddp_model.no_sync():
+            for xm, ym in zip(xs[:-1], ys[:-1]):
+                micro_step(xm, ym)
+        micro_step(xs[-1], ys[-1])
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+        scales.append(float(scaler.get_scale()))
+    return {"scales": scales, "state_dict": ddp_model.module.state_dict()}
+""",
+    ),
+    "ddp_exit_stack": (
+        "ddp_amp_worker",
+        """
+import contextlib
+
+import torch.nn.parallel
+
+
+def ddp_amp_worker(rank, world_size, config):
+    # Valid: an ExitStack chooses the context, gradients are zeroed (not set to None) before
+    # each step, and the state dict is copied out.
+    model = config.make_model()
+    ddp_model = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = config.make_optimizer(ddp_model.parameters())
+    scaler = torch.amp.GradScaler(config.device_type, init_scale=config.init_scale,
+                                  growth_interval=config.growth_interval)
+    scales = []
+    for step in range(config.steps):
+        optimizer.zero_grad(set_to_none=False)
+        x, y = config.batch(step)
+        x_share, y_share = x.chunk(world_size)[rank], y.chunk(world_size)[rank]
+        pieces = list(zip(x_share.chunk(config.accum_steps), y_share.chunk(config.accum_steps)))
+        for i, (xm, ym) in enumerate(pieces):
+            with contextlib.ExitStack() as stack:
+                if i < len(pieces) - 1:
+                    stack.enter_context(ddp_model.no_sync())
+                with torch.amp.autocast(config.device_type, dtype=config.amp_dtype,
+                                        enabled=config.amp_enabled):
+                    out = ddp_model(xm)
+                    loss = config.loss_fn(out, ym) / config.accum_steps
+                scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return {"state_dict": {k: v.clone() for k, v in model.state_dict().items()},
+            "scales": scales}
+""",
+    ),
+    "fp16_mul_and_to": (
+        "fp16_allreduce_mean",
+        """
+def fp16_allreduce_mean(tensor, group=None):
+    # Valid: multiplies by 1 / world_size (exact for 2 ranks) and uses .to() and ReduceOp.SUM.
+    share = tensor.mul(1.0 / dist.get_world_size(group=group)).to(torch.float16)
+    dist.all_reduce(share, op=dist.ReduceOp.SUM, group=group)
+    return share.to(torch.float32)
+""",
+    ),
+    "fp16_double_then_half": (
+        "fp16_allreduce_mean",
+        """
+def fp16_allreduce_mean(tensor, group=None):
+    # Valid: divides in float64 before casting; the share rounds to the same float16.
+    wire = torch.div(tensor.double(), dist.get_world_size(group)).half().contiguous()
+    dist.all_reduce(wire, group=group)
+    return wire.float().reshape(tensor.shape)
+""",
+    ),
+    "bn_float64_one_pass": (
+        "sync_bn_stats",
+        """
+def sync_bn_stats(x, group=None):
+    # Valid: one all-reduce of count, sum and sum of squares, in float64 (so E[x^2] - E[x]^2
+    # loses nothing that matters), returned as float32.
+    c = x.shape[1]
+    flat = x.detach().double().transpose(0, 1).reshape(c, -1)
+    stats = torch.cat([torch.full((1,), float(flat.shape[1]), dtype=torch.float64),
+                       flat.sum(dim=1), (flat * flat).sum(dim=1)])
+    dist.all_reduce(stats, group=group)
+    n, s, q = stats[0], stats[1:c + 1], stats[c + 1:]
+    mean = s / n
+    return mean.float(), (q / n - mean * mean).float()
+""",
+    ),
+    "bn_merge_local_moments": (
+        "sync_bn_stats",
+        """
+def sync_bn_stats(x, group=None):
+    # Valid: each rank's count, mean and sum of squared deviations from its own mean, merged
+    # (Chan et al.): M2 = sum of M2_r + n_r * (mean_r - mean)^2, in float32.
+    dims = [d for d in range(x.dim()) if d != 1]
+    x32 = x.to(torch.float32)
+    n = torch.tensor(float(x32.numel() // x32.shape[1]))
+    local_mean = x32.mean(dim=dims)
+    shape = [1] * x32.dim()
+    shape[1] = -1
+    local_m2 = ((x32 - local_mean.view(shape)) ** 2).sum(dim=dims)
+    total = n.clone()
+    dist.all_reduce(total, group=group)
+    weighted = local_mean * n
+    dist.all_reduce(weighted, group=group)
+    mean = weighted / total
+    m2 = local_m2 + n * (local_mean - mean) ** 2
+    dist.all_reduce(m2, group=group)
+    return mean, m2 / total
 """,
     ),
 }
