@@ -40,6 +40,7 @@ from pathlib import Path
 import nbformat
 
 from grader import REPO_ROOT
+from grader.keys import ensure_key, kernel_env
 from grader.nbtools import nbgrader, tool_env
 from grader.release import copy_course_skeleton
 from grader.sandbox import Limits, Settings
@@ -492,6 +493,7 @@ def autograde(
     submissions = {s: p for s, p in submissions.items() if shard_of(s, n) == i}
     lkey = lesson_key(root, lesson)
     ensure_assignment(root, lesson, db_url)  # cheap when the gradebook already has it
+    course_key = ensure_key(root)  # hidden tests' seeds: see grader/keys.py
 
     todo: dict[str, Path] = {}
     for student, nb in sorted(submissions.items()):
@@ -520,7 +522,11 @@ def autograde(
             slot = slots.pop()
         try:
             settings = Settings(
-                limits=limits, mode=mode, slot=slot, lesson_files=str(template.lesson_files)
+                limits=limits,
+                mode=mode,
+                slot=slot,
+                lesson_files=str(template.lesson_files),
+                kernel_env=kernel_env(course_key, student),
             )
             return grade_one(template, student, nb, settings, work, calibration)
         finally:

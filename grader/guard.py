@@ -47,6 +47,7 @@ def _grader_install(token, checks_path):
         return module
 
     checks = load_checks()
+    grading = (checks._GRADING_KEY, checks._STUDENT_ID)  # popped from the environment just now
     import course
     sys.modules["course.checks"] = checks
     course.checks = checks
@@ -107,6 +108,7 @@ def _grader_install(token, checks_path):
             f.__defaults__ = defaults
             f.__kwdefaults__ = kwdefaults
         fresh = load_checks()
+        fresh._GRADING_KEY, fresh._STUDENT_ID = grading
         sys.modules["course.checks"] = fresh
         course.checks = fresh
         for name in dir(fresh):

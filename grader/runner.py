@@ -207,6 +207,8 @@ def run() -> None:
     answer = _harden()
     request = json.loads(raw)
     del raw
+    # The hidden tests' key for this submission (see grader/keys.py): the kernel inherits it.
+    os.environ.update({str(k): str(v) for k, v in (request.get("kernel_env") or {}).items()})
     if request.get("lesson_files"):
         src = request["lesson_files"]
         for name in os.listdir(src):

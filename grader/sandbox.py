@@ -25,7 +25,7 @@ import secrets
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from grader import guard
@@ -66,6 +66,8 @@ class Settings:
     mode: str = "bwrap"  # or "unsandboxed"
     slot: int = 0
     lesson_files: str | None = None
+    #: ``COURSE_GRADING_KEY``/``COURSE_STUDENT_ID`` for the kernel (:func:`grader.keys.kernel_env`).
+    kernel_env: dict[str, str] = field(default_factory=dict)
 
     def to_env(self) -> str:
         data = asdict(self)
@@ -276,6 +278,7 @@ def execute(
         "notebook_timeout": limits.notebook_timeout,
         "max_output": limits.max_output,
         "lesson_files": None,
+        "kernel_env": dict(settings.kernel_env),
         "cell_timeouts": {str(k): float(v) for k, v in (cell_timeouts or {}).items()},
     }
     cwd = None

@@ -1,4 +1,5 @@
-"""Wrong answers to lesson 02's exercises that the graders must reject.
+"""Lesson 02's exercises: wrong answers the graders must reject (``VARIANTS``) and valid answers
+written differently from the reference (``VALID``).
 
 The DynamicLossScaler variants are the right class with one common mistake each (built from
 ``_SCALER`` by a single text replacement, so each differs from a correct answer in one place).
@@ -87,9 +88,14 @@ class DynamicLossScaler:
 """
 
 
-def _scaler(old: str, new: str) -> tuple[str, str]:
-    assert _SCALER.count(old) == 1, old
-    return ("dynamic_loss_scaler", _SCALER.replace(old, new))
+def _scaler(old: str, new: str, *more: str) -> tuple[str, str]:
+    """The reference scaler with ``old`` replaced by ``new`` (and further old/new pairs)."""
+    source = _SCALER
+    pairs = [(old, new), *zip(more[::2], more[1::2], strict=True)]
+    for a, b in pairs:
+        assert source.count(a) == 1, a
+        source = source.replace(a, b)
+    return ("dynamic_loss_scaler", source)
 
 
 _MASTER = """
@@ -179,6 +185,38 @@ VARIANTS = {
         """                    if not self._loss_finite:
                         found = True""",
     ),
+    # Wrong: unscales and checks only the optimizer's first param group (the others keep their
+    # scaled gradients, and an inf there goes unnoticed).
+    "first_param_group_only": _scaler(
+        "for group in optimizer.param_groups:",
+        "for group in optimizer.param_groups[:1]:",
+    ),
+    # Wrong: assumes every parameter has a gradient (a parameter the loss never used has None).
+    "assumes_every_grad_exists": _scaler(
+        """                    if p.grad is None:
+                        continue
+                    if not""",
+        """                    if not""",
+    ),
+    # Wrong: unscale_ only records; the division waits until step(), so clipping between
+    # unscale_ and step (the reason unscale_ exists) sees the scaled gradients.
+    "unscales_lazily_in_step": _scaler(
+        """                    p.grad.mul_(inv_scale)
+        self._found_inf[key] = found""",
+        """        self._inv = inv_scale
+        self._found_inf[key] = found""",
+        """        if self._found_inf[key]:
+            return None
+        return optimizer.step()""",
+        """        if self._found_inf[key]:
+            return None
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.mul_(self._inv)
+        return optimizer.step()""",
+    ),
     # Wrong: the master gradients are not divided by the loss scale.
     "master_not_unscaled": _master(
         "m.grad = p.grad.detach().float() / scale",
@@ -195,5 +233,209 @@ VARIANTS = {
             for p, m in zip(params, master_params):
                 p.copy_(m)""",
         "        pass",
+    ),
+}
+
+
+VALID = {
+    # A Python float for the scale (rounded to float32 after every change), one record per
+    # optimizer in a small dict, inf/nan found with isinf/isnan.
+    "scaler_python_float_scale": (
+        "dynamic_loss_scaler",
+        """
+def _as_float32(value):
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
+class DynamicLossScaler:
+    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
+                 growth_interval=2000):
+        self.scale_value = _as_float32(init_scale)
+        self.initial = init_scale
+        self.used = False
+        self.factors = {"growth_factor": growth_factor, "backoff_factor": backoff_factor,
+                        "growth_interval": growth_interval}
+        self.tracker = 0
+        self.records = {}
+
+    def scale(self, loss):
+        self.used = True
+        return loss * torch.tensor(self.scale_value, dtype=torch.float32, device=loss.device)
+
+    def unscale_(self, optimizer):
+        record = self.records.setdefault(id(optimizer), {"unscaled": False, "stepped": False})
+        if record["unscaled"]:
+            raise RuntimeError("unscale_() already called for this optimizer since update()")
+        inv = torch.tensor(1.0 / self.scale_value, dtype=torch.float32)
+        bad = False
+        with torch.no_grad():
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"]
+                     if p.grad is not None]
+            for grad in grads:
+                bad = bad or bool(torch.isinf(grad).any() or torch.isnan(grad).any())
+                grad.mul_(inv.to(grad.device))
+        record.update(unscaled=True, bad=bad)
+
+    def step(self, optimizer):
+        record = self.records.get(id(optimizer))
+        if record is None or not record["unscaled"]:
+            self.unscale_(optimizer)
+            record = self.records[id(optimizer)]
+        record["stepped"] = True
+        return None if record["bad"] else optimizer.step()
+
+    def update(self):
+        if any(r["bad"] for r in self.records.values()):
+            self.scale_value = _as_float32(self.scale_value * self.factors["backoff_factor"])
+            self.tracker = 0
+        else:
+            self.tracker += 1
+            if self.tracker == self.factors["growth_interval"]:
+                grown = _as_float32(self.scale_value * self.factors["growth_factor"])
+                if math.isfinite(grown):
+                    self.scale_value = grown
+                self.tracker = 0
+        self.used = True
+        self.records = {}
+
+    def get_scale(self):
+        return self.scale_value if self.used else float(self.initial)
+
+    def state_dict(self):
+        return {"scale": self.get_scale(), **self.factors, "_growth_tracker": self.tracker}
+
+    def load_state_dict(self, d):
+        self.initial = d["scale"]
+        self.scale_value = _as_float32(d["scale"])
+        self.factors = {k: d[k] for k in ("growth_factor", "backoff_factor", "growth_interval")}
+        self.tracker = int(d["_growth_tracker"])
+""",
+    ),
+    # GradScaler's own shape: the scale and a found-inf flag as float32 tensors, the new scale as
+    # (scale in float64 * factor) rounded to float32, one pass over the gradients per optimizer.
+    "scaler_tensor_flags": (
+        "dynamic_loss_scaler",
+        """
+class DynamicLossScaler:
+    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
+                 growth_interval=2000):
+        self._init = init_scale
+        self._s = torch.full((), init_scale, dtype=torch.float32)
+        self._touched = False
+        self._gf, self._bf, self._gi = growth_factor, backoff_factor, growth_interval
+        self._count = 0
+        self._found = {}   # id(optimizer) -> float32 tensor, 1.0 when an inf/nan was seen
+        self._done = set()  # ids of optimizers already stepped
+
+    def _new_scale(self, factor):
+        return (self._s.double() * factor).float()
+
+    def scale(self, loss):
+        self._touched = True
+        return loss * self._s.to(loss.device)
+
+    def unscale_(self, optimizer):
+        if id(optimizer) in self._found:
+            raise RuntimeError("unscale_() has already been called on this optimizer")
+        inv = self._s.double().reciprocal().float()
+        found = torch.zeros((), dtype=torch.float32)
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        found = torch.maximum(found, (~torch.isfinite(p.grad)).any().float())
+                        p.grad.mul_(inv)
+        self._found[id(optimizer)] = found
+
+    def step(self, optimizer):
+        if id(optimizer) not in self._found:
+            self.unscale_(optimizer)
+        self._done.add(id(optimizer))
+        if self._found[id(optimizer)].item() > 0:
+            return None
+        return optimizer.step()
+
+    def update(self):
+        if any(f.item() > 0 for f in self._found.values()):
+            self._s = self._new_scale(self._bf)
+            self._count = 0
+        else:
+            self._count += 1
+            if self._count >= self._gi:
+                grown = self._new_scale(self._gf)
+                self._s = grown if torch.isfinite(grown) else self._s
+                self._count = 0
+        self._touched = True
+        self._found, self._done = {}, set()
+
+    def get_scale(self):
+        return self._s.item() if self._touched else float(self._init)
+
+    def state_dict(self):
+        return dict(scale=self.get_scale(), growth_factor=self._gf, backoff_factor=self._bf,
+                    growth_interval=self._gi, _growth_tracker=self._count)
+
+    def load_state_dict(self, d):
+        self._init = d["scale"]
+        self._s = torch.full((), d["scale"], dtype=torch.float32)
+        self._gf, self._bf, self._gi = d["growth_factor"], d["backoff_factor"], d["growth_interval"]
+        self._count = int(d["_growth_tracker"])
+""",
+    ),
+    # Two passes (set every master gradient, then decide), masters made with empty_like + copy_.
+    "master_two_passes": (
+        "master_weights",
+        """
+def make_master_params(model):
+    masters = []
+    for p in model.parameters():
+        m = torch.empty_like(p, dtype=torch.float32)
+        m.copy_(p.detach())
+        masters.append(nn.Parameter(m))
+    return masters
+
+
+def master_step(model, master_params, optimizer, scale):
+    pairs = list(zip(model.parameters(), master_params))
+    for p, m in pairs:
+        m.grad = None if p.grad is None else p.grad.to(torch.float32).div(scale)
+    finite = all(bool(m.grad.isfinite().all()) for _, m in pairs if m.grad is not None)
+    if finite:
+        optimizer.step()
+        with torch.no_grad():
+            for p, m in pairs:
+                p.copy_(m.to(torch.float16))
+    for p, m in pairs:
+        p.grad = None
+        m.grad = None
+    return finite
+""",
+    ),
+    # Multiplies by the reciprocal of the scale (the same numbers for a power of two; within
+    # the last bit otherwise) and copies back through .data.
+    "master_multiplies_by_reciprocal": (
+        "master_weights",
+        """
+def make_master_params(model):
+    return [nn.Parameter(p.detach().clone().float()) for p in model.parameters()]
+
+
+def master_step(model, master_params, optimizer, scale):
+    inv = 1.0 / scale
+    ok = True
+    for p, m in zip(model.parameters(), master_params):
+        if p.grad is None:
+            m.grad = None
+        else:
+            m.grad = p.grad.float() * inv
+            ok = ok and not bool(torch.isinf(m.grad).any() or torch.isnan(m.grad).any())
+    if ok:
+        optimizer.step()
+        for p, m in zip(model.parameters(), master_params):
+            p.data.copy_(m.data)
+    optimizer.zero_grad(set_to_none=True)
+    model.zero_grad(set_to_none=True)
+    return ok
+""",
     ),
 }

@@ -1,0 +1,98 @@
+"""The false-failure audit, on small lessons: it reports exactly the runs that lose points."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from grader.audit import audit_lesson, main, report, valid_variants
+from grader.keys import seed_for
+from grader.tests.conftest import FIXTURES
+
+FIXTURE = FIXTURES / "solutions" / "90-fixture" / "90-fixture.ipynb"
+
+
+def _meta(grade_id: str, **flags: object) -> dict:
+    return {"nbgrader": {"grade_id": grade_id, "schema_version": 3, "task": False, **flags}}
+
+
+def _flaky_lesson() -> nbformat.NotebookNode:
+    """An exercise whose hidden test fails on every odd seed: a stand-in for a flaky check."""
+    nb = new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3"}})
+    nb.cells = [
+        new_code_cell("import course.checks\nfrom course.checks import check"),
+        new_code_cell(
+            "def one():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION",
+            metadata=_meta("one", grade=False, solution=True, locked=False),
+        ),
+        new_code_cell(
+            "check(one() == 1, 'one() should be 1')\n"
+            "### BEGIN HIDDEN TESTS\n"
+            "_seed = course.checks.hidden_seed('one')\n"
+            "check(_seed % 2 == 0, f'odd seed {_seed}')\n"
+            "### END HIDDEN TESTS",
+            metadata=_meta("one_tests", grade=True, solution=False, locked=True, points=2),
+        ),
+    ]
+    return nb
+
+
+def _keys_with_parities(parities: list[int]) -> list[str]:
+    """Grading keys whose seeds for (audit-<i>, 'one') have the given parities, in order."""
+    keys, n = [], 0
+    for i, parity in enumerate(parities):
+        while seed_for(f"k{n}", f"audit-{i}", "one") % 2 != parity:
+            n += 1
+        keys.append(f"k{n}")
+        n += 1
+    return keys
+
+
+@pytest.fixture(scope="module")
+def flaky(tmp_path_factory):
+    path = tmp_path_factory.mktemp("flaky") / "flaky.ipynb"
+    nbformat.write(_flaky_lesson(), path)
+    return path
+
+
+def test_audit_reports_every_seed_that_loses_points_and_only_those(flaky):
+    keys = _keys_with_parities([0, 1, 0, 1, 1])
+    valid = {"one_by_sum": ("one", "def one():\n    return sum([1])")}
+    audits, _ = audit_lesson(flaky, seeds=5, valid=valid, keys=iter(keys + keys))
+    (audit,) = audits
+    assert audit.runs == {"solution": 5, "one_by_sum": 5}
+    lost = [(f.variant, f.student, f.key) for f in audit.failures]
+    odd = [(f"audit-{i}", keys[i]) for i in (1, 3, 4)]
+    assert lost == [("solution", *s) for s in odd] + [("one_by_sum", *s) for s in odd]
+    for f in audit.failures:
+        assert f.seed == seed_for(f.key, f.student, "one") and f.seed % 2 == 1
+        assert f"odd seed {f.seed}" in f.message and (f.score, f.max_score) == (0, 2)
+    text = report(audits, 1.0)
+    assert "one " in text and f"seed {audit.failures[0].seed}" in text
+
+
+def test_a_wrong_valid_variant_is_caught_on_the_fixture_lesson():
+    wrong = {"not_double": ("double", "def double(x):\n    return x * 3")}
+    right = {"double_by_add": ("double", "def double(x):\n    return x + x")}
+    audits, seconds = audit_lesson(
+        FIXTURE, seeds=3, exercises=["double"], valid={**wrong, **right}
+    )
+    (audit,) = audits
+    assert seconds > 0 and audit.runs == {"solution": 3, "double_by_add": 3, "not_double": 3}
+    assert {f.variant for f in audit.failures} == {"not_double"}
+    assert len(audit.failures) == 3
+
+
+def test_command_line_exit_status(tmp_path, capsys):
+    course = tmp_path / "course"
+    (course / "solutions" / "90-fixture").mkdir(parents=True)
+    (course / "solutions" / "90-fixture" / "90-fixture.ipynb").write_bytes(FIXTURE.read_bytes())
+    assert main(["90-fixture", "--seeds", "2", "--root", str(course)]) == 0
+    out = capsys.readouterr().out
+    assert "double" in out and "triple" in out and "no run lost a point" in out
+
+
+def test_valid_variants_are_found_for_the_course_lessons():
+    found = valid_variants("02-loss-scaling")
+    assert found and all(len(v) == 2 for v in found.values())
