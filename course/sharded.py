@@ -1,0 +1,540 @@
+"""Lesson 07's content: sharded data parallel (FSDP2) in mixed precision, and bfloat16 weights.
+
+What the graded worker trains (:class:`FSDPConfig`), the run the experiments and the graders
+measure (:func:`sharded_worker`: FSDP2 with ``fully_shard`` on 2 or more real processes, started
+by :func:`course.launch.launch`), what each rank holds in memory (:func:`memory_worker`), a
+recorder of the collectives FSDP2 calls (:func:`record_fsdp_collectives`), the bfloat16-weights
+plot and the lesson's widget (:class:`ShardExplorer`). Introduced in lesson 07.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from course.device import one_cpu_thread
+from course.launch import LaunchError, describe_backend, launch, pick_backend, rank_device
+
+#: Names of torch dtypes the configs accept as strings too (widgets, command lines).
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def as_dtype(value: torch.dtype | str | None) -> torch.dtype | None:
+    """``value`` as a torch dtype ("bfloat16" -> ``torch.bfloat16``; None stays None)."""
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    return DTYPES[value]
+
+
+# --------------------------------------------------------------------------------------------
+# The model: parameters at the root besides the blocks
+
+
+class Block(nn.Module):
+    """A residual MLP block ``x + W2 gelu(W1 x)``: the unit ``fully_shard`` wraps (lesson 07)."""
+
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(width, hidden)
+        self.fc2 = nn.Linear(hidden, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The block's output, same shape as ``x``."""
+        return x + self.fc2(nn.functional.gelu(self.fc1(x)))
+
+
+class ShardedNet(nn.Module):
+    """Input projection ``embed``, ``blocks`` (a ModuleList of :class:`Block`), ``head``.
+
+    ``embed`` and ``head`` belong to no block: sharded per block and at the root, they are the
+    root unit's parameters, so a root left unwrapped is visible (lesson 07).
+    """
+
+    def __init__(self, n_in: int, width: int, hidden: int, depth: int, n_out: int) -> None:
+        super().__init__()
+        self.embed = nn.Linear(n_in, width)
+        self.blocks = nn.ModuleList(Block(width, hidden) for _ in range(depth))
+        self.head = nn.Linear(width, n_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits ``(batch, n_out)``."""
+        h = self.embed(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+@dataclass(frozen=True)
+class FSDPConfig:
+    """What ``fsdp_amp_worker`` trains: model, data, optimizer and precision (lesson 07).
+
+    Every rank builds the same model from ``seed`` with :meth:`make_model` and draws the same
+    *global* batch of a step with :meth:`batch`; rank ``r`` of ``W`` trains on
+    ``x.chunk(W)[r]``. FSDP2's policy is ``MixedPrecisionPolicy(param_dtype=param_dtype,
+    reduce_dtype=reduce_dtype)``; the optimizer is AdamW over the sharded parameters.
+    """
+
+    n_in: int = 16
+    width: int = 32
+    hidden: int = 64
+    depth: int = 2
+    n_out: int = 5
+    steps: int = 4
+    global_batch: int = 16
+    lr: float = 1e-2
+    weight_decay: float = 0.01
+    param_dtype: torch.dtype = torch.bfloat16
+    reduce_dtype: torch.dtype = torch.float32
+    seed: int = 0
+
+    def make_model(self) -> ShardedNet:
+        """The model, in float32 on the CPU; the same weights on every call."""
+        torch.manual_seed(self.seed)
+        return ShardedNet(self.n_in, self.width, self.hidden, self.depth, self.n_out)
+
+    def make_optimizer(self, params) -> torch.optim.Optimizer:
+        """AdamW over ``params`` (its state lives on the shards it is given)."""
+        return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The global batch ``(x, y)`` of step ``step``: labels from a fixed random teacher."""
+        gen = torch.Generator().manual_seed(self.seed * 100_003 + 17)
+        teacher = torch.randn(self.n_in, self.n_out, generator=gen)
+        gen.manual_seed(self.seed * 100_003 + 1000 + step)
+        x = torch.randn(self.global_batch, self.n_in, generator=gen)
+        return x, (x @ teacher).argmax(dim=1)
+
+    @staticmethod
+    def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy, computed in float32 whatever the logits' dtype."""
+        return nn.functional.cross_entropy(logits.float(), target)
+
+
+# --------------------------------------------------------------------------------------------
+# Instruments used inside a rank
+
+#: The ``torch.distributed`` functions FSDP2 (torch 2.13) communicates with; see
+#: ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``.
+FSDP_COLLECTIVES = ("all_gather_single", "reduce_scatter_single", "all_reduce")
+
+
+@contextlib.contextmanager
+def record_fsdp_collectives() -> Iterator[list[tuple[str, torch.dtype, int]]]:
+    """Inside a rank: record ``(collective, dtype, elements)`` for every call FSDP2 makes.
+
+    Wraps :data:`FSDP_COLLECTIVES` as attributes of ``torch.distributed``, which is where
+    FSDP2 looks them up at each call: the all-gather of parameters (its *input*, this rank's
+    shard) and the reduce-scatter of gradients (its input, this rank's full gradients) are
+    recorded in the dtype they were sent in. Introduced in lesson 07.
+    """
+    records: list[tuple[str, torch.dtype, int]] = []
+    originals = {name: getattr(dist, name) for name in FSDP_COLLECTIVES}
+
+    def spy(name, function):
+        def wrapper(*args, **kwargs):
+            sent = kwargs.get("input", kwargs.get("input_tensor"))
+            if sent is None:
+                sent = args[1] if name != "all_reduce" and len(args) > 1 else args[0]
+            records.append((name, sent.dtype, sent.numel()))
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    for name, function in originals.items():
+        setattr(dist, name, spy(name, function))
+    try:
+        yield records
+    finally:
+        for name, function in originals.items():
+            setattr(dist, name, function)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``t``: the local shard of a DTensor, ``t`` itself otherwise."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """The whole of ``t`` on this rank: a DTensor gathered (a collective), else ``t``."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def shard_model(
+    model: nn.Module,
+    param_dtype: torch.dtype | None,
+    reduce_dtype: torch.dtype | None,
+    wrap_root: bool = True,
+) -> nn.Module:
+    """``fully_shard`` each block of ``model.blocks``, then the root (unless ``wrap_root`` is
+    False), all under ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` (lesson 07)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    for block in model.blocks:
+        fully_shard(block, mp_policy=policy)
+    if wrap_root:
+        fully_shard(model, mp_policy=policy)
+    return model
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of :func:`sharded_worker`: the config, and what the experiments vary (lesson 07).
+
+    ``wrap_root=False`` shards the blocks only; ``grad_steps`` lists the steps whose full
+    gradients are returned.
+    """
+
+    config: FSDPConfig = field(default_factory=FSDPConfig)
+    wrap_root: bool = True
+    grad_steps: tuple[int, ...] = ()
+
+
+def sharded_worker(rank: int, world_size: int, spec: RunSpec) -> dict:
+    """Train ``spec.config`` with FSDP2 on this rank; what the lesson and its graders measure.
+
+    The model is sharded per block and at the root (see :func:`shard_model`), trained on this
+    rank's chunk of each global batch with AdamW. Returns ``state_dict`` (the full float32
+    tensors, gathered), ``losses`` (this rank's loss per step), ``collectives`` (what
+    :func:`record_fsdp_collectives` saw), ``grads`` (full gradients of ``spec.grad_steps``) and
+    the local shapes and dtypes of parameters and gradients. Introduced in lesson 07.
+    """
+    cfg = spec.config
+    device = rank_device()
+    model = shard_model(
+        cfg.make_model().to(device), cfg.param_dtype, cfg.reduce_dtype, spec.wrap_root
+    )
+    optimizer = cfg.make_optimizer(model.parameters())
+    losses, grads = [], {}
+    with record_fsdp_collectives() as records:
+        for step in range(cfg.steps):
+            x, y = cfg.batch(step)
+            x, y = x.chunk(world_size)[rank].to(device), y.chunk(world_size)[rank].to(device)
+            loss = cfg.loss_fn(model(x), y)
+            loss.backward()
+            if step in spec.grad_steps:
+                sent = len(records)
+                grads[step] = {n: full(p.grad).clone() for n, p in model.named_parameters()}
+                del records[sent:]  # the gathering is the lesson's traffic, not training's
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+    shapes = {
+        n: (type(p).__name__, tuple(p.shape), tuple(local(p).shape), p.dtype)
+        for n, p in model.named_parameters()
+    }
+    state = {k: full(v).float() for k, v in model.state_dict().items()}
+    return {
+        "rank": rank,
+        "state_dict": state,
+        "losses": losses,
+        "collectives": records,
+        "grads": grads,
+        "shapes": shapes,
+    }
+
+
+def single_process_run(config: FSDPConfig, grad_steps: tuple[int, ...] = ()) -> dict:
+    """The float32 reference: one process, the whole global batch, no sharding (lesson 07).
+
+    Returns ``state_dict``, ``losses`` and ``grads`` like :func:`sharded_worker`. Runs on one
+    CPU thread (tiny ops: more threads only wait for each other).
+    """
+    with one_cpu_thread():
+        return _single_process_run(config, grad_steps)
+
+
+def _single_process_run(config: FSDPConfig, grad_steps: tuple[int, ...]) -> dict:
+    model = config.make_model()
+    optimizer = config.make_optimizer(model.parameters())
+    losses, grads = [], {}
+    for step in range(config.steps):
+        x, y = config.batch(step)
+        loss = config.loss_fn(model(x), y)
+        loss.backward()
+        if step in grad_steps:
+            grads[step] = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return {"state_dict": state, "losses": losses, "grads": grads}
+
+
+def relative_error(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
+    """``||got - want|| / ||want||`` over all tensors of two state dicts (lesson 07)."""
+    num = sum(float((got[k].double() - want[k].double()).pow(2).sum()) for k in want)
+    den = sum(float(want[k].double().pow(2).sum()) for k in want)
+    return math.sqrt(num / den)
+
+
+# --------------------------------------------------------------------------------------------
+# Memory per rank, measured from the real sharded tensors
+
+
+@dataclass(frozen=True)
+class MemorySpec:
+    """A model and policy whose per-rank memory :func:`memory_worker` measures (lesson 07)."""
+
+    config: FSDPConfig = field(default_factory=FSDPConfig)
+    optimizer: str = "adamw"
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    t = local(t)
+    return t.numel() * t.element_size()
+
+
+def memory_worker(rank: int, world_size: int, spec: MemorySpec) -> dict:
+    """Shard ``spec.config``'s model, train one step, and count this rank's bytes (lesson 07).
+
+    Counted from the tensors themselves, each one's local shard (``DTensor.to_local()``, which
+    leaves out the padding FSDP2 adds to shorter shards): ``params`` (the sharded parameters),
+    ``grads`` (the sharded gradients after the step's reduce-scatter), ``optimizer`` (every
+    tensor in the optimizer's state, AdamW's 0-d ``step`` included) and ``gathered`` (the
+    largest unit's parameters while that unit runs its forward: the all-gathered copy in
+    ``param_dtype``). Also ``units`` (bytes gathered per unit, "root" first) and ``local_rows``.
+    """
+    cfg = spec.config
+    model = cfg.make_model().to(rank_device())
+    blocks = list(model.blocks)
+    names = {id(p): n for n, p in model.named_parameters()}
+    unit_names = {"root": [n for n in names.values() if not n.startswith("blocks.")]}
+    for i, block in enumerate(blocks):
+        unit_names[f"blocks.{i}"] = [f"blocks.{i}.{n}" for n, _ in block.named_parameters()]
+    shard_model(model, cfg.param_dtype, cfg.reduce_dtype)
+    gathered: dict[str, int] = {}
+
+    def measure(unit: str):
+        def hook(module, args):
+            gathered[unit] = sum(_nbytes(model.get_parameter(n)) for n in unit_names[unit])
+
+        return hook
+
+    handles = [model.register_forward_pre_hook(measure("root"))]
+    handles += [b.register_forward_pre_hook(measure(f"blocks.{i}")) for i, b in enumerate(blocks)]
+    if spec.optimizer == "adamw":
+        optimizer = cfg.make_optimizer(model.parameters())
+    elif spec.optimizer == "sgd":
+        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+    else:
+        raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {spec.optimizer!r}")
+    x, y = cfg.batch(0)
+    x, y = x.chunk(world_size)[rank], y.chunk(world_size)[rank]
+    cfg.loss_fn(model(x.to(rank_device())), y.to(rank_device())).backward()
+    for h in handles:
+        h.remove()
+    params = list(model.parameters())
+    result = {
+        "params": sum(_nbytes(p) for p in params),
+        "grads": sum(_nbytes(p.grad) for p in params),
+    }
+    optimizer.step()
+    result["optimizer"] = sum(
+        _nbytes(v)
+        for state in optimizer.state.values()
+        for v in state.values()
+        if torch.is_tensor(v)
+    )
+    result["gathered"] = max(gathered.values())
+    result["units"] = gathered
+    result["local_rows"] = {n: tuple(local(p).shape) for n, p in model.named_parameters()}
+    return result
+
+
+def measure_memory(
+    config: FSDPConfig, world_size: int, optimizer: str = "adamw", backend: str | None = None
+) -> list[dict]:
+    """Each rank's :func:`memory_worker` result for ``world_size`` real ranks (lesson 07)."""
+    chosen = pick_backend(world_size, backend)
+    spec = MemorySpec(config=config, optimizer=optimizer)
+    return launch(memory_worker, world_size, (spec,), backend=chosen.name, show_output=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Plots
+
+
+def plot_losses(ax, curves: dict[str, list[float]], title: str, smooth: int = 10) -> None:
+    """Loss curves on one axis, each a running mean over ``smooth`` steps (lesson 07)."""
+    for label, losses in curves.items():
+        t = torch.tensor(losses, dtype=torch.float64)
+        k = max(1, min(smooth, len(t)))
+        mean = t.unfold(0, k, 1).mean(dim=1) if len(t) >= k else t
+        ax.plot(range(k - 1, k - 1 + len(mean)), mean.tolist(), label=label)
+    ax.set(xlabel="step", ylabel=f"loss (running mean of {smooth})", title=title)
+    ax.legend(fontsize="small")
+
+
+MEMORY_PARTS = ("params", "grads", "optimizer", "gathered")
+
+
+def plot_memory(ax, per_rank: list[dict], title: str) -> None:
+    """Stacked bars of each rank's measured bytes (:data:`MEMORY_PARTS`) (lesson 07)."""
+    bottom = [0.0] * len(per_rank)
+    for part in MEMORY_PARTS:
+        values = [r[part] / 1024 for r in per_rank]
+        ax.bar(range(len(per_rank)), values, bottom=bottom, label=part)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_xticks(range(len(per_rank)), [f"rank {r}" for r in range(len(per_rank))])
+    ax.set(ylabel="KiB", title=title)
+    ax.legend(fontsize="small")
+
+
+# --------------------------------------------------------------------------------------------
+# The lesson's widget
+
+
+class ShardExplorer:
+    """Lesson 07's widget: world size and policy controls over measured memory and error.
+
+    Every change launches real ranks twice: :func:`memory_worker` (bytes per rank, from the
+    sharded tensors) and :func:`sharded_worker` (a short training run, whose final weights are
+    compared with :func:`single_process_run` in float32). ``results`` keeps the last
+    measurements, so tests can drive the controls.
+    """
+
+    def __init__(
+        self,
+        config: FSDPConfig | None = None,
+        world_size: int = 2,
+        param_dtype: str = "bfloat16",
+        reduce_dtype: str = "float32",
+        backend: str | None = None,
+    ) -> None:
+        import ipywidgets as W
+
+        from course.plotting import new_figure
+
+        self.config = config or FSDPConfig(width=64, hidden=128, depth=3, steps=8, global_batch=48)
+        self.backend = backend
+        self.results: dict = {}
+        self.reference = single_process_run(replace(self.config, param_dtype=None))
+        self.world_size = W.IntSlider(
+            value=world_size, min=1, max=4, description="world size", continuous_update=False
+        )
+        self.param_dtype = W.Dropdown(
+            options=["float32", "bfloat16"], value=param_dtype, description="param_dtype"
+        )
+        self.reduce_dtype = W.Dropdown(
+            options=["float32", "bfloat16"], value=reduce_dtype, description="reduce_dtype"
+        )
+        self.optimizer = W.Dropdown(options=["adamw", "sgd"], value="adamw", description="optim")
+        self.stats = W.HTML()
+        self.output = W.Output()
+        self.figure, (self.ax,) = new_figure(6.5, 3.2)
+        controls = (self.world_size, self.param_dtype, self.reduce_dtype, self.optimizer)
+        for control in controls:
+            control.observe(lambda change: self.update(), names="value")
+        self.widget = W.VBox(
+            [W.HBox(list(controls[:2])), W.HBox(list(controls[2:])), self.stats, self.output]
+        )
+        self.update()
+
+    def update(self) -> None:
+        """Run the ranks with the current controls, measure, and redraw."""
+        from IPython.display import display
+
+        ws = self.world_size.value
+        cfg = replace(
+            self.config,
+            param_dtype=as_dtype(self.param_dtype.value),
+            reduce_dtype=as_dtype(self.reduce_dtype.value),
+        )
+        if self.config.global_batch % ws:
+            raise ValueError(f"global batch {self.config.global_batch} does not split over {ws}")
+        backend = pick_backend(ws, self.backend)
+        try:
+            memory = measure_memory(cfg, ws, self.optimizer.value, backend.name)
+            run = launch(
+                sharded_worker, ws, (RunSpec(cfg),), backend=backend.name, show_output=False
+            )
+        except LaunchError as exc:
+            self.results = {}
+            self.stats.value = f"<pre>the launch failed: {exc}</pre>"
+            return
+        error = relative_error(run[0]["state_dict"], self.reference["state_dict"])
+        reduced = sorted(
+            {
+                str(d).replace("torch.", "")
+                for n, d, _ in run[0]["collectives"]
+                if n == "reduce_scatter_single"
+            }
+        )
+        self.results = {"memory": memory, "error": error, "reduced_in": reduced}
+        self.ax.clear()
+        plot_memory(self.ax, memory, f"measured bytes per rank, {ws} rank(s)")
+        unsharded = sum(p.numel() for p in self.config.make_model().parameters()) * 4
+        self.stats.value = (
+            f"{describe_backend(backend, ws)}<br>rank 0 holds <b>{memory[0]['params']:,}</b> "
+            f"bytes of parameters (unsharded float32: {unsharded:,}); largest gathered unit "
+            f"{memory[0]['gathered']:,} bytes; gradients reduce-scattered in "
+            f"<b>{', '.join(reduced) or 'nothing (one rank)'}</b>; weights after "
+            f"{cfg.steps} steps vs one float32 process: relative error <b>{error:.2e}</b>"
+        )
+        with self.output:
+            self.output.clear_output(wait=True)
+            display(self.figure)
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+
+# --------------------------------------------------------------------------------------------
+# The inf check: each rank sees only its shard
+
+#: How :func:`inf_check_worker` decides to step: by its own shard only ("local"), with
+#: ``torch.amp.GradScaler``, or with FSDP's ``ShardedGradScaler``.
+SCALERS = ("local", "GradScaler", "ShardedGradScaler")
+
+
+def inf_check_worker(rank: int, world_size: int, kind: str, config: FSDPConfig) -> dict:
+    """One float16 step with an inf planted in the last rank's shard of a gradient (lesson 07).
+
+    After the backward (so after FSDP2's reduce-scatter), element ``[0, 0]`` of the last rank's
+    local shard of ``head.weight``'s gradient is set to inf, as an overflow that lands in that
+    shard would be. ``kind`` (see :data:`SCALERS`) decides whether to step. Returns whether this
+    rank's shards held a non-finite value, whether its shards changed, and the scale after.
+    """
+    import warnings
+
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    device = rank_device()
+    model = shard_model(config.make_model().to(device), torch.float16, torch.float32)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    if kind == "ShardedGradScaler":
+        scaler = ShardedGradScaler(device.type, init_scale=2.0**10)
+    else:
+        scaler = torch.amp.GradScaler(device.type, init_scale=2.0**10)
+    x, y = config.batch(0)
+    x, y = x.chunk(world_size)[rank].to(device), y.chunk(world_size)[rank].to(device)
+    scaler.scale(config.loss_fn(model(x), y)).backward()
+    grad = local(model.head.weight.grad)
+    if rank == world_size - 1 and grad.numel():
+        grad[0, 0] = float("inf")
+    local_inf = any(not bool(local(p.grad).isfinite().all()) for p in model.parameters())
+    before = [local(p).detach().clone() for p in model.parameters()]
+    if kind == "local":  # unscale by hand, step if *this rank's* gradients are finite
+        if not local_inf:
+            for p in model.parameters():
+                local(p.grad).div_(scaler.get_scale())
+            optimizer.step()
+        scale = scaler.get_scale() * (0.5 if local_inf else 1.0)
+    else:
+        with warnings.catch_warnings():  # DTensor's note on ShardedGradScaler's 1-element inf
+            warnings.filterwarnings("ignore", message="Found a non-scalar tensor")
+            scaler.step(optimizer)
+            scaler.update()
+        scale = scaler.get_scale()
+    after = [local(p).detach() for p in model.parameters()]
+    changed = any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
+    return {"rank": rank, "local_inf": local_inf, "stepped": changed, "scale": scale}

@@ -1,0 +1,158 @@
+"""Lesson 07's helpers: FSDP2 runs on real gloo ranks, memory counts, the inf check, the widget."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import matplotlib
+import pytest
+import torch
+
+from course.launch import launch
+from course.sharded import (
+    SCALERS,
+    FSDPConfig,
+    MemorySpec,
+    RunSpec,
+    ShardExplorer,
+    as_dtype,
+    inf_check_worker,
+    measure_memory,
+    memory_worker,
+    plot_losses,
+    plot_memory,
+    relative_error,
+    sharded_worker,
+    single_process_run,
+)
+
+matplotlib.use("Agg")
+
+SMALL = FSDPConfig(n_in=8, width=16, hidden=24, depth=2, n_out=5, steps=3, global_batch=8)
+
+
+def test_config_is_deterministic_and_has_root_parameters():
+    a, b = SMALL.make_model().state_dict(), SMALL.make_model().state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    root = [k for k in a if not k.startswith("blocks.")]
+    assert root == ["embed.weight", "embed.bias", "head.weight", "head.bias"]
+    x, y = SMALL.batch(1)
+    x2, y2 = SMALL.batch(1)
+    assert torch.equal(x, x2) and torch.equal(y, y2)
+    assert not torch.equal(x, SMALL.batch(2)[0])
+    assert x.shape == (8, 8) and y.dtype == torch.long and int(y.max()) < SMALL.n_out
+    assert as_dtype("bfloat16") is torch.bfloat16 and as_dtype(None) is None
+
+
+@pytest.mark.parametrize("reduce_dtype", [torch.float32, torch.bfloat16])
+def test_sharded_worker_records_what_fsdp_sends(reduce_dtype):
+    cfg = replace(SMALL, reduce_dtype=reduce_dtype)
+    ranks = launch(sharded_worker, 2, (RunSpec(cfg, grad_steps=(0,)),), timeout=90)
+    units = cfg.depth + 1
+    for run in ranks:
+        sent = run["collectives"]
+        scatters = [d for n, d, _ in sent if n == "reduce_scatter_single"]
+        gathers = [d for n, d, _ in sent if n == "all_gather_single"]
+        assert scatters == [reduce_dtype] * (cfg.steps * units)
+        assert gathers and set(gathers) == {torch.bfloat16}
+        assert run["shapes"]["head.weight"][0] == "DTensor"
+        assert run["shapes"]["head.weight"][3] == torch.float32
+        assert len(run["losses"]) == cfg.steps
+    assert ranks[0]["shapes"]["head.weight"][2] == (3, 16)
+    assert ranks[1]["shapes"]["head.weight"][2] == (2, 16)
+    for key, value in ranks[0]["state_dict"].items():
+        assert (
+            value.dtype == torch.float32
+            and value.shape == SMALL.make_model().state_dict()[key].shape
+        )
+        assert torch.equal(value, ranks[1]["state_dict"][key])
+    assert ranks[0]["grads"][0]["head.weight"].shape == (5, 16)
+
+
+def test_float32_sharded_run_matches_one_process():
+    cfg = replace(SMALL, param_dtype=None)
+    ranks = launch(sharded_worker, 2, (RunSpec(cfg, grad_steps=(0,)),), timeout=90)
+    ref = single_process_run(cfg, grad_steps=(0,))
+    assert relative_error(ranks[0]["state_dict"], ref["state_dict"]) < 1e-5
+    assert relative_error(ranks[0]["grads"][0], ref["grads"][0]) < 1e-5
+    # bfloat16 reduction of float32 gradients costs bfloat16's rounding
+    bf = launch(
+        sharded_worker,
+        2,
+        (RunSpec(replace(cfg, reduce_dtype=torch.bfloat16), grad_steps=(0,)),),
+        timeout=90,
+    )
+    assert relative_error(bf[0]["grads"][0], ref["grads"][0]) > 1e-4
+
+
+def test_unwrapped_root_is_never_averaged():
+    cfg = replace(SMALL, param_dtype=None)
+    ranks = launch(sharded_worker, 2, (RunSpec(cfg, wrap_root=False),), timeout=90)
+    a, b = ranks[0]["state_dict"], ranks[1]["state_dict"]
+    differ = sorted(k for k in a if not torch.equal(a[k], b[k]))
+    assert differ == sorted(["embed.weight", "embed.bias", "head.weight", "head.bias"])
+    scatters = sum(n == "reduce_scatter_single" for n, _, _ in ranks[0]["collectives"])
+    assert scatters == cfg.steps * cfg.depth
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_memory_counts_partition_the_model(world_size):
+    ranks = launch(memory_worker, world_size, (MemorySpec(SMALL),), timeout=90)
+    model = SMALL.make_model()
+    params = list(model.parameters())
+    total = sum(p.numel() * 4 for p in params)
+    assert sum(r["params"] for r in ranks) == total
+    assert sum(r["grads"] for r in ranks) == total
+    for r in ranks:
+        assert r["optimizer"] == 2 * r["params"] + 4 * len(params)
+    block = sum(p.numel() for p in model.blocks[0].parameters()) * 2
+    root = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("blocks")) * 2
+    assert ranks[0]["units"] == {"root": root, "blocks.0": block, "blocks.1": block}
+    assert ranks[0]["gathered"] == max(root, block)
+    assert ranks[0]["local_rows"]["head.weight"][0] == -(-SMALL.n_out // world_size)
+
+
+def test_memory_with_sgd_and_float32_compute():
+    cfg = replace(SMALL, param_dtype=None)
+    r0 = measure_memory(cfg, 2, "sgd")[0]
+    assert r0["optimizer"] == r0["params"]
+    block = sum(p.numel() for p in cfg.make_model().blocks[0].parameters()) * 4
+    assert r0["gathered"] == block
+    with pytest.raises(Exception, match="optimizer must be"):
+        measure_memory(cfg, 2, "lion")
+
+
+def test_inf_in_one_shard_needs_a_collective_check():
+    for kind in SCALERS:
+        a, b = launch(inf_check_worker, 2, (kind, SMALL), timeout=90)
+        assert (a["local_inf"], b["local_inf"]) == (False, True)
+        if kind == "local":
+            assert (a["stepped"], b["stepped"]) == (True, False)
+            assert a["scale"] != b["scale"]
+        else:
+            assert (a["stepped"], b["stepped"]) == (False, False)
+            assert a["scale"] == b["scale"] == 512.0
+
+
+def test_plots_draw():
+    from course.plotting import new_figure
+
+    fig, (ax1, ax2) = new_figure(ncols=2)
+    plot_losses(ax1, {"a": [3.0, 2.0, 1.0] * 5, "short": [1.0, 0.5]}, "t", smooth=4)
+    assert len(ax1.lines) == 2
+    plot_memory(ax2, [{"params": 10, "grads": 10, "optimizer": 20, "gathered": 5}] * 2, "m")
+    assert len(ax2.patches) == 8
+
+
+def test_widget_measures_real_ranks():
+    cfg = replace(SMALL, steps=2, global_batch=12)
+    explorer = ShardExplorer(config=cfg, world_size=2)
+    two = explorer.results
+    assert two["reduced_in"] == ["float32"] and len(two["memory"]) == 2
+    explorer.world_size.value = 3
+    three = explorer.results
+    assert len(three["memory"]) == 3
+    assert three["memory"][0]["params"] < two["memory"][0]["params"]
+    explorer.reduce_dtype.value = "bfloat16"
+    assert explorer.results["reduced_in"] == ["bfloat16"]
+    assert "relative error" in explorer.stats.value

@@ -1,0 +1,272 @@
+"""Wrong answers to lesson 07's exercises that the graders must reject, and valid ones they
+must accept."""
+
+LESSON = "07-sharded"
+
+_WORKER_LOOP = """
+    optimizer = config.make_optimizer(model.parameters())
+    losses = []
+    for step in range(config.steps):
+        x, y = config.batch(step)
+        x, y = x.chunk(world_size)[rank], y.chunk(world_size)[rank]
+        loss = config.loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+"""
+
+VARIANTS = {
+    "fsdp_reduce_dtype_left_bf16": (
+        "fsdp_amp_worker",
+        """
+def fsdp_amp_worker(rank, world_size, config):
+    # Wrong: reduce_dtype left unset, so FSDP2 reduce-scatters in param_dtype (bfloat16), where
+    # the contract asks config.reduce_dtype (float32).
+    model = config.make_model()
+    policy = MixedPrecisionPolicy(param_dtype=config.param_dtype)
+    for block in model.blocks:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+"""
+        + _WORKER_LOOP
+        + """
+    state = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    return {"state_dict": state, "losses": losses}
+""",
+    ),
+    "fsdp_root_not_wrapped": (
+        "fsdp_amp_worker",
+        """
+def fsdp_amp_worker(rank, world_size, config):
+    # Wrong: only the blocks are sharded; the root's embed and head stay plain replicated
+    # tensors whose gradients nobody averages (and, in bfloat16, get bfloat16 activations).
+    model = config.make_model()
+    policy = MixedPrecisionPolicy(param_dtype=config.param_dtype, reduce_dtype=config.reduce_dtype)
+    for block in model.blocks:
+        fully_shard(block, mp_policy=policy)
+"""
+        + _WORKER_LOOP
+        + """
+    state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v.detach().float())
+             for k, v in model.state_dict().items()}
+    return {"state_dict": state, "losses": losses}
+""",
+    ),
+    "fsdp_local_shards_state_dict": (
+        "fsdp_amp_worker",
+        """
+def fsdp_amp_worker(rank, world_size, config):
+    # Wrong: returns each rank's local shards, not the full (gathered) tensors.
+    model = config.make_model()
+    policy = MixedPrecisionPolicy(param_dtype=config.param_dtype, reduce_dtype=config.reduce_dtype)
+    for block in model.blocks:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+"""
+        + _WORKER_LOOP
+        + """
+    state = {k: v.to_local() for k, v in model.state_dict().items()}
+    return {"state_dict": state, "losses": losses}
+""",
+    ),
+    "fsdp_whole_batch_on_every_rank": (
+        "fsdp_amp_worker",
+        """
+def fsdp_amp_worker(rank, world_size, config):
+    # Wrong: every rank trains on the whole global batch instead of its chunk (the averaged
+    # gradient looks right, but each rank does all the work and reports the whole batch's loss).
+    model = config.make_model()
+    policy = MixedPrecisionPolicy(param_dtype=config.param_dtype, reduce_dtype=config.reduce_dtype)
+    for block in model.blocks:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    optimizer = config.make_optimizer(model.parameters())
+    losses = []
+    for step in range(config.steps):
+        x, y = config.batch(step)
+        loss = config.loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    state = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    return {"state_dict": state, "losses": losses}
+""",
+    ),
+    "shard_memory_unsharded": (
+        "shard_memory",
+        """
+def shard_memory(model, world_size, policy, optimizer="adamw"):
+    # Wrong: counts the unsharded model on every rank (what DDP holds, not FSDP).
+    params = list(model.parameters())
+    full = sum(p.numel() * p.element_size() for p in params)
+    state = 2 * full + 4 * len(params) if optimizer == "adamw" else full
+    dtype_size = lambda p: (policy.param_dtype or p.dtype).itemsize
+    in_blocks = {id(p) for p in model.blocks.parameters()}
+    units = [list(b.parameters()) for b in model.blocks]
+    units.append([p for p in params if id(p) not in in_blocks])
+    gathered = max(sum(p.numel() * dtype_size(p) for p in unit) for unit in units)
+    return {"params": full, "grads": full, "optimizer": state, "gathered": gathered}
+""",
+    ),
+    "shard_memory_optimizer_bf16": (
+        "shard_memory",
+        """
+def shard_memory(model, world_size, policy, optimizer="adamw"):
+    # Wrong: counts the optimizer state in bfloat16 (2 bytes), as if it followed param_dtype;
+    # AdamW's state lives on the float32 shards.
+    params = list(model.parameters())
+    rows = lambda p: math.ceil(p.shape[0] / world_size) * (p.numel() // p.shape[0])
+    sharded = sum(rows(p) * p.element_size() for p in params)
+    if optimizer == "adamw":
+        state = 2 * sum(rows(p) * 2 for p in params) + 4 * len(params)
+    else:
+        state = sum(rows(p) * 2 for p in params)
+    dtype_size = lambda p: (policy.param_dtype or p.dtype).itemsize
+    in_blocks = {id(p) for p in model.blocks.parameters()}
+    units = [list(b.parameters()) for b in model.blocks]
+    units.append([p for p in params if id(p) not in in_blocks])
+    gathered = max(sum(p.numel() * dtype_size(p) for p in unit) for unit in units)
+    return {"params": sharded, "grads": sharded, "optimizer": state, "gathered": gathered}
+""",
+    ),
+    "shard_memory_floor_rows": (
+        "shard_memory",
+        """
+def shard_memory(model, world_size, policy, optimizer="adamw"):
+    # Wrong: rows // world_size, so rank 0's share of a row count that does not divide evenly
+    # is too small (torch.chunk gives rank 0 ceil(rows / world_size)).
+    params = list(model.parameters())
+    rows = lambda p: (p.shape[0] // world_size) * (p.numel() // p.shape[0])
+    sharded = sum(rows(p) * p.element_size() for p in params)
+    state = 2 * sharded + 4 * len(params) if optimizer == "adamw" else sharded
+    dtype_size = lambda p: (policy.param_dtype or p.dtype).itemsize
+    in_blocks = {id(p) for p in model.blocks.parameters()}
+    units = [list(b.parameters()) for b in model.blocks]
+    units.append([p for p in params if id(p) not in in_blocks])
+    gathered = max(sum(p.numel() * dtype_size(p) for p in unit) for unit in units)
+    return {"params": sharded, "grads": sharded, "optimizer": state, "gathered": gathered}
+""",
+    ),
+    "shard_memory_gathered_whole_model": (
+        "shard_memory",
+        """
+def shard_memory(model, world_size, policy, optimizer="adamw"):
+    # Wrong: the gathered copy counted for the whole model, as if it were one unit.
+    params = list(model.parameters())
+    rows = lambda p: math.ceil(p.shape[0] / world_size) * (p.numel() // p.shape[0])
+    sharded = sum(rows(p) * p.element_size() for p in params)
+    state = 2 * sharded + 4 * len(params) if optimizer == "adamw" else sharded
+    dtype_size = lambda p: (policy.param_dtype or p.dtype).itemsize
+    gathered = sum(p.numel() * dtype_size(p) for p in params)
+    return {"params": sharded, "grads": sharded, "optimizer": state, "gathered": gathered}
+""",
+    ),
+    "sr_round_to_nearest": (
+        "stochastic_round_bf16",
+        """
+def stochastic_round_bf16(x, generator=None):
+    # Wrong: plain round-to-nearest; deterministic and biased for values below half a spacing.
+    return x.to(torch.bfloat16)
+""",
+    ),
+    "sr_noise_too_narrow": (
+        "stochastic_round_bf16",
+        """
+def stochastic_round_bf16(x, generator=None):
+    # Wrong: uniform noise of the wrong width, [0, 2^15) instead of [0, 2^16): values in the
+    # lower half of a gap never round up, the others too rarely (biased toward zero).
+    bits = x.contiguous().view(torch.int32)
+    noise = torch.randint(0, 1 << 15, x.shape, dtype=torch.int32, device=x.device,
+                          generator=generator)
+    return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)
+""",
+    ),
+    "sr_negative_wrong_way": (
+        "stochastic_round_bf16",
+        """
+def stochastic_round_bf16(x, generator=None):
+    # Wrong: the probability is computed on the signed value, so negative numbers round away
+    # from zero with the probability of rounding toward it (their mantissa the wrong way).
+    bits = x.contiguous().view(torch.int32)
+    lo = (bits & -65536).view(torch.float32)
+    hi = ((bits & -65536) + 65536).view(torch.float32)
+    down = torch.minimum(lo, hi)
+    up = torch.maximum(lo, hi)
+    p = torch.where(up > down, (x - down) / (up - down), torch.zeros_like(x))
+    p = torch.where(x < 0, 1 - p, p)
+    u = torch.rand(x.shape, device=x.device, generator=generator)
+    return torch.where(u < p, up, down).to(torch.bfloat16)
+""",
+    ),
+}
+
+VALID = {
+    "fsdp_dcp_full_state_dict": (
+        "fsdp_amp_worker",
+        """
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+
+def fsdp_amp_worker(rank, world_size, config):
+    # Valid: the full state dict from torch.distributed.checkpoint, the policy as keywords built
+    # once per module, the blocks by index, zero_grad() with its default.
+    model = config.make_model()
+    for i in range(len(model.blocks)):
+        fully_shard(model.blocks[i], mp_policy=MixedPrecisionPolicy(
+            reduce_dtype=config.reduce_dtype, param_dtype=config.param_dtype))
+    fully_shard(model, mp_policy=MixedPrecisionPolicy(
+        reduce_dtype=config.reduce_dtype, param_dtype=config.param_dtype))
+    optimizer = config.make_optimizer(model.parameters())
+    losses = []
+    for step, (x, y) in enumerate(config.batch(s) for s in range(config.steps)):
+        optimizer.zero_grad()
+        loss = config.loss_fn(model(torch.chunk(x, world_size)[rank]),
+                              torch.chunk(y, world_size)[rank])
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return {"state_dict": dict(state), "losses": losses}
+""",
+    ),
+    "shard_memory_meta_chunks": (
+        "shard_memory",
+        """
+def shard_memory(model, world_size, policy, optimizer="adamw"):
+    # Valid: rank 0's shard from torch.chunk on a meta tensor; units by module, not by id.
+    def rank0(p):
+        return torch.empty(p.shape, dtype=p.dtype, device="meta").chunk(world_size)[0]
+
+    nbytes = lambda t: t.numel() * t.element_size()
+    shards = [rank0(p) for p in model.parameters()]
+    params = sum(nbytes(s) for s in shards)
+    if optimizer == "adamw":
+        state = sum(2 * nbytes(s) + torch.tensor(0.0).element_size() for s in shards)
+    else:
+        state = params
+    compute = lambda p: torch.empty(p.shape, dtype=policy.param_dtype or p.dtype, device="meta")
+    unit_sizes = [sum(nbytes(compute(p)) for p in block.parameters()) for block in model.blocks]
+    root = sum(nbytes(compute(p)) for name, p in model.named_parameters()
+               if not name.startswith("blocks."))
+    return {"params": int(params), "grads": int(params), "optimizer": int(state),
+            "gathered": int(max(unit_sizes + [root]))}
+""",
+    ),
+    "sr_float_neighbours": (
+        "stochastic_round_bf16",
+        """
+def stochastic_round_bf16(x, generator=None):
+    # Valid: find both neighbours, then round away from zero with probability distance / gap,
+    # computed in float64 with torch.rand.
+    bits = x.contiguous().view(torch.int32)
+    lo = (bits & -65536).view(torch.float32)
+    hi = ((bits & -65536) + 65536).view(torch.float32)
+    gap = (hi.double() - lo.double()).abs()
+    p = (x.double() - lo.double()).abs() / gap
+    u = torch.rand(x.shape, dtype=torch.float64, device=x.device, generator=generator)
+    return torch.where(u < p, hi, lo).to(torch.bfloat16)
+""",
+    ),
+}
