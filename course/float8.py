@@ -340,8 +340,8 @@ def torchao_status() -> tuple[object | None, str]:
     """
     if importlib.util.find_spec("torchao") is None:
         return None, (
-            f"torchao is not installed beside torch {torch.__version__} "
-            "(`pip install torchao` adds it without changing torch, where a release fits)"
+            f"torchao is not installed beside torch {torch.__version__} (it is optional: "
+            "`pip install --no-deps torchao` adds it and cannot change torch)"
         )
     try:
         torchao = importlib.import_module("torchao")
