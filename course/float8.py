@@ -271,7 +271,7 @@ def matmul_tflops(
     the CUDA kernel requires; per-tensor float32 scales). Timed with ``torch.utils.benchmark``
     (``blocked_autorange`` synchronizes CUDA). Returns rows with ``n``, the median seconds and
     TFLOP/s (2 n^3 FLOPs) of each. Meaningful only on a GPU with float8 tensor cores; on a CPU
-    it runs (torch 2.13 has a CPU ``_scaled_mm``) but measures an emulation.
+    it runs (torch 2.13 has a CPU ``_scaled_mm``), but its times say nothing about float8 hardware.
     """
     from torch.utils.benchmark import Timer
 
