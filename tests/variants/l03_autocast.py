@@ -1,4 +1,5 @@
-"""Wrong answers to lesson 03's exercises that the graders must reject."""
+"""Lesson 03's exercises: wrong answers the graders must reject (``VARIANTS``) and valid answers
+written differently from the reference (``VALID``)."""
 
 LESSON = "03-autocast"
 
@@ -76,6 +77,29 @@ def trace_dtypes(model, inputs, device_type, dtype):
                 def hook(module, args, output, name=name):
                     if isinstance(output, (tuple, list)):
                         output = output[0]
+                    found[name] = output.dtype
+                handles.append(module.register_forward_hook(hook))
+        with torch.amp.autocast(device_type, dtype=dtype):
+            model(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+""",
+    ),
+    "trace_lists_unrun_modules": (
+        "trace_dtypes",
+        """
+def trace_dtypes(model, inputs, device_type, dtype):
+    # Wrong: gives every submodule an entry, None for those that never ran (they have no output).
+    found = {name: None for name, _ in model.named_modules() if name}
+    handles = []
+    try:
+        for name, module in model.named_modules():
+            if name:
+                def hook(module, args, output, name=name):
+                    if isinstance(output, (tuple, list)):
+                        output = next(t for t in output if isinstance(t, torch.Tensor))
                     found[name] = output.dtype
                 handles.append(module.register_forward_hook(hook))
         with torch.amp.autocast(device_type, dtype=dtype):
@@ -173,6 +197,127 @@ class LogSumExp32(torch.autograd.Function):
     def backward(ctx, grad):
         x, out = ctx.saved_tensors
         return (x - out.unsqueeze(-1)).exp()
+""",
+    ),
+}
+
+
+VALID = {
+    "trace_global_hook": (
+        "trace_dtypes",
+        """
+def trace_dtypes(model, inputs, device_type, dtype):
+    # One global forward hook for every module, mapped back to names; removed in finally.
+    names = {id(m): n for n, m in model.named_modules() if n}
+    found = {}
+
+    def hook(module, args, output):
+        name = names.get(id(module))
+        if name is None:
+            return
+        if not isinstance(output, torch.Tensor):
+            tensors = [o for o in output if isinstance(o, torch.Tensor)] if isinstance(
+                output, (tuple, list)) else []
+            if not tensors:
+                return
+            output = tensors[0]
+        found[name] = output.dtype
+
+    handle = torch.nn.modules.module.register_module_forward_hook(hook)
+    try:
+        with torch.autocast(device_type=device_type, dtype=dtype):
+            model(*inputs)
+    finally:
+        handle.remove()
+    return found
+""",
+    ),
+    "trace_exit_stack": (
+        "trace_dtypes",
+        """
+import contextlib
+
+
+def trace_dtypes(model, inputs, device_type, dtype):
+    # contextlib.ExitStack removes every hook however the block is left.
+    found = {}
+    with contextlib.ExitStack() as stack:
+        for name, module in model.named_modules():
+            if not name:
+                continue
+            def record(module, args, output, name=name):
+                items = output if isinstance(output, (tuple, list)) else (output,)
+                first = next((t for t in items if isinstance(t, torch.Tensor)), None)
+                if first is not None:
+                    found[name] = first.dtype
+            stack.callback(module.register_forward_hook(record).remove)
+        stack.enter_context(torch.amp.autocast(device_type, dtype=dtype))
+        model(*inputs)
+    return found
+""",
+    ),
+    "predict_from_float32_set": (
+        "predict_cuda_dtypes",
+        """
+# Every layer float16 except those that end in float32 (layer_norm, log_softmax, and what
+# inherits float32 from them: gelu, and the residual add with a float32 operand).
+_in_float32 = {"norm", "gelu", "block", "log_probs"}
+predict_cuda_dtypes = {
+    name: torch.float32 if name in _in_float32 else torch.float16
+    for name in ["conv", "bn", "relu", "pool", "flatten", "fc1", "norm", "gelu", "block",
+                 "block.fc", "block.act", "fc2", "log_probs"]
+}
+""",
+    ),
+    "predict_with_aliases": (
+        "predict_cuda_dtypes",
+        """
+# torch.half and torch.float are the same dtype objects as torch.float16 and torch.float32.
+predict_cuda_dtypes = dict(zip(
+    ["conv", "bn", "relu", "pool", "flatten", "fc1", "norm", "gelu", "block", "block.fc",
+     "block.act", "fc2", "log_probs"],
+    [torch.half] * 6 + [torch.float] * 3 + [torch.half] * 3 + [torch.float],
+))
+""",
+    ),
+    "lse_saves_softmax": (
+        "custom_fwd_function",
+        """
+class LogSumExp32(torch.autograd.Function):
+    # Saves the softmax itself for the backward pass.
+    @staticmethod
+    @torch.amp.custom_fwd(device_type=env.device_type, cast_inputs=torch.float32)
+    def forward(ctx, x):
+        m = torch.max(x, dim=-1, keepdim=True).values
+        m = torch.nan_to_num(m, nan=0.0, posinf=0.0, neginf=0.0)
+        shifted = torch.exp(x - m)
+        total = torch.sum(shifted, dim=-1, keepdim=True)
+        ctx.save_for_backward(shifted / total)
+        return (torch.log(total) + m).squeeze(-1)
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type=env.device_type)
+    def backward(ctx, grad):
+        (softmax,) = ctx.saved_tensors
+        return grad[..., None] * softmax
+""",
+    ),
+    "lse_torch_logsumexp": (
+        "custom_fwd_function",
+        """
+class LogSumExp32(torch.autograd.Function):
+    # torch.logsumexp subtracts the maximum itself; the backward recomputes the softmax.
+    @staticmethod
+    @torch.amp.custom_fwd(device_type=env.device_type, cast_inputs=torch.float32)
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.logsumexp(x, dim=-1)
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type=env.device_type)
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return torch.softmax(x, dim=-1) * grad.unsqueeze(-1)
 """,
     ),
 }
