@@ -10,17 +10,19 @@ submission gets empty cells and ``missing``.
 ``canvas``: Canvas's gradebook import CSV. Columns ``Student, ID, SIS User ID, SIS Login ID,
 Section`` and one column per lesson titled ``<lesson> (<Canvas assignment id>)``, then a
 ``Points Possible`` row; each student's cell is the lesson's total (empty when there is no
-submission or grading failed, which Canvas leaves unchanged). Format: Canvas Instructor Guide,
-"How do I import grades in the Gradebook?" (community.canvaslms.com) and the gradebook export it
-mirrors (its second row is ``Points Possible``, as here): Canvas finds the student by ``ID`` (the
-Canvas user id, the number in Canvas's submission file names) and the assignment by the id in
-parentheses.
+submission or grading failed: there is nothing to send). Format: Canvas Instructor Guide,
+"How do I import grades in the Gradebook?" (community.canvaslms.com), summarised with the same
+columns at https://teaching.resources.osu.edu/toolsets/carmencanvas/guides/calculating-final-
+grades/import-csv-file-carmen-grades, and the gradebook export it mirrors (its second row is
+``Points Possible``, as here): Canvas finds the student by ``ID`` (the Canvas user id, the number
+in Canvas's submission file names) and the assignment by the id in parentheses.
 
 ``moodle``: the assignment's offline grading worksheet (Moodle assignment, feedback type "Offline
 grading worksheet"; one lesson per file). Columns ``Identifier, Full name, Email address, Status,
 Grade, Maximum Grade, Grade can be changed, Last modified (submission), Last modified (grade),
-Feedback comments``. Moodle's importer (mod/assign/feedback/offline/importgradeslib.php, strings
-in mod/assign/lang/en/assign.php) reads ``Identifier`` as ``Participant <n>``, where ``<n>`` is
+Feedback comments``. Moodle's importer (https://github.com/moodle/moodle, files
+mod/assign/feedback/offline/importgradeslib.php and locallib.php, strings in
+mod/assign/lang/en/assign.php) reads ``Identifier`` as ``Participant <n>``, where ``<n>`` is
 the participant number that also names the files of Moodle's submission download; ``Grade``;
 ``Last modified (grade)`` (strtotime; a grade changed in Moodle more than 60 s after it is kept);
 and the feedback plugins' columns (``Feedback comments``). The other columns are informative.
