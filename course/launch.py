@@ -467,25 +467,39 @@ def collective_timeout(timeout: float) -> float:
     return timeout * MAX_STRETCH + 60.0
 
 
-def cpu_share(cpus: int | None = None, loadavg: str | None = None) -> float:
+def usable_cpus() -> float:
+    """CPUs this process may use: its affinity mask, lowered by a cgroup v2 CPU quota (lesson 06).
+
+    A container limited by ``cpu.max`` (say 2 CPUs' worth on a 64-core host) runs slower than
+    its affinity mask suggests; the quota is what its processes share.
+    """
+    try:
+        cpus = float(len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        cpus = float(os.cpu_count() or 1)
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(float(quota) / float(period), 0.01))
+    return cpus
+
+
+def cpu_share(cpus: float | None = None, loadavg: str | None = None) -> float:
     """The share of a CPU each runnable process gets right now, at most 1 (lesson 06).
 
     ``/proc/loadavg``'s fourth field is "runnable/total" scheduling entities at this instant;
-    with more runnable than ``cpus`` (default: the CPUs this process may use), each gets
+    with more runnable than ``cpus`` (default: :func:`usable_cpus`), each gets
     ``cpus / runnable``. 1.0 where that cannot be read. The launcher's timeout counts time
     at this rate.
     """
     if cpus is None:
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cpus = os.cpu_count() or 1
+        cpus = usable_cpus()
     try:
         text = loadavg if loadavg is not None else Path("/proc/loadavg").read_text()
         runnable = int(text.split()[3].split("/")[0])
     except (OSError, IndexError, ValueError):
         return 1.0
-    return min(1.0, max(1, cpus) / max(1, runnable))
+    return min(1.0, cpus / max(1, runnable))
 
 
 def _supervise(procs: list[Any], folder: Path, world_size: int, timeout: float) -> dict:
