@@ -75,9 +75,7 @@ def test_audit_reports_every_seed_that_loses_points_and_only_those(flaky):
 def test_a_wrong_valid_variant_is_caught_on_the_fixture_lesson():
     wrong = {"not_double": ("double", "def double(x):\n    return x * 3")}
     right = {"double_by_add": ("double", "def double(x):\n    return x + x")}
-    audits, seconds = audit_lesson(
-        FIXTURE, seeds=3, exercises=["double"], valid={**wrong, **right}
-    )
+    audits, seconds = audit_lesson(FIXTURE, seeds=3, exercises=["double"], valid={**wrong, **right})
     (audit,) = audits
     assert seconds > 0 and audit.runs == {"solution": 3, "double_by_add": 3, "not_double": 3}
     assert {f.variant for f in audit.failures} == {"not_double"}
@@ -96,3 +94,23 @@ def test_command_line_exit_status(tmp_path, capsys):
 def test_valid_variants_are_found_for_the_course_lessons():
     found = valid_variants("02-loss-scaling")
     assert found and all(len(v) == 2 for v in found.values())
+
+
+@pytest.mark.parametrize("lesson", ["01-number-formats", "02-loss-scaling", "03-autocast"])
+def test_every_exercise_has_three_wrong_and_two_valid_variants(lesson):
+    import importlib.util
+
+    from grader import REPO_ROOT
+
+    nb = nbformat.read(REPO_ROOT / "solutions" / lesson / f"{lesson}.ipynb", as_version=4)
+    ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
+    exercises = [gid for gid in ids if gid and f"{gid}_tests" in ids]
+    path = next((REPO_ROOT / "tests" / "variants").glob(f"l{lesson[:2]}_*.py"))
+    spec = importlib.util.spec_from_file_location(f"_variants_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for exercise in exercises:
+        wrong = [n for n, (gid, _) in module.VARIANTS.items() if gid == exercise]
+        valid = [n for n, (gid, _) in module.VALID.items() if gid == exercise]
+        assert len(wrong) >= 3, f"{exercise}: only {wrong} wrong variants"
+        assert len(valid) >= 2, f"{exercise}: only {valid} valid variants"
