@@ -2,6 +2,8 @@
 
 Run it as a script to measure the machine you are on::
 
+    python -m course.benchmark --model gpt --gpt-size cpu --batch-size 16
+    python -m course.benchmark --model gpt --gpt-size gpu --batch-size 32 --compile both
     python -m course.benchmark                       # MLP, widths 1020 and 1024, batch 256
     python -m course.benchmark --model cnn --modes fp32 bf16-amp bf16-amp+cl --sizes 32
     python -m course.benchmark --help
@@ -9,21 +11,27 @@ Run it as a script to measure the machine you are on::
 Modes: ``fp32`` (plain float32, TF32 off), ``tf32`` (float32 tensors, matrix multiplies and
 convolutions in the TF32 math mode: CUDA only), ``fp16-amp`` (float16 autocast with a GradScaler),
 ``bf16-amp`` (bfloat16 autocast). A ``+cl`` suffix (``--model cnn`` only) runs the same mode with
-channels-last memory format. Every mode trains the same model from the same initial weights with
-SGD; all modes of a size are measured side by side in one run, interleaved round by round, so
-their ratios are comparable. Step time comes from ``torch.utils.benchmark.Timer``'s
-``blocked_autorange`` (the fastest of the rounds); peak memory from
-``torch.cuda.max_memory_allocated`` after ``torch.cuda.reset_peak_memory_stats``, less what was
-allocated before the mode's model was built (CUDA only: on
-the CPU it is not measured).
+channels-last memory format; a ``+compile`` suffix runs the model under ``torch.compile`` (the
+first, compiling step is timed on its own and reported apart from the step time). The ``gpt`` model
+(:mod:`course.gpt`) trains on real text with AdamW and reports tokens/s and MFU: FLOPs per step
+(counted by ``torch.utils.flop_counter.FlopCounterMode`` on the meta device, or by a function you
+pass) over the step time, against the datasheet peak of known GPUs and against a peak measured on
+the spot with a large matmul in the mode's dtype. Every mode trains the same model from the same
+initial weights (SGD for the mlp and cnn, AdamW for the gpt); all modes of a size are measured side
+by side in one run, interleaved round by round, so their ratios are comparable. Step time comes
+from ``torch.utils.benchmark.Timer``'s ``blocked_autorange`` (the fastest of the rounds); peak
+memory from ``torch.cuda.max_memory_allocated`` after ``torch.cuda.reset_peak_memory_stats``, less
+what was allocated before the mode's model was built (CUDA only: on the CPU it is not measured).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import statistics
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -31,15 +39,19 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.utils import benchmark as tbench
+from torch.utils.flop_counter import FlopCounterMode
 
 from course.data import mlp
 from course.device import cpu_has_amx, describe_device
+from course.gpt import CONFIGS, GPT, GPTConfig, build_gpt, lm_loss, random_batches, stdlib_corpus
 
 #: The precision modes, in the order tables show them.
 BASE_MODES: tuple[str, ...] = ("fp32", "tf32", "fp16-amp", "bf16-amp")
 #: Suffix that adds channels-last memory format to a mode (convolutional model only).
 CHANNELS_LAST = "+cl"
-MODELS: tuple[str, ...] = ("mlp", "cnn")
+#: Suffix that runs a mode's model under ``torch.compile``.
+COMPILED = "+compile"
+MODELS: tuple[str, ...] = ("mlp", "cnn", "gpt")
 #: Classes the benchmark models predict.
 NUM_CLASSES = 10
 
@@ -91,6 +103,12 @@ class Mode:
     amp_dtype: torch.dtype | None
     tf32: bool
     channels_last: bool
+    compiled: bool = False
+
+    @property
+    def base(self) -> str:
+        """The precision without suffixes: ``fp32``, ``tf32``, ``fp16-amp`` or ``bf16-amp``."""
+        return self.name.split("+")[0]
 
     @property
     def uses_scaler(self) -> bool:
@@ -99,17 +117,27 @@ class Mode:
 
 
 def parse_mode(name: str) -> Mode:
-    """The :class:`Mode` called ``name`` (e.g. ``"bf16-amp"``, ``"fp16-amp+cl"``) (lesson 09)."""
-    base, cl = (
-        (name[: -len(CHANNELS_LAST)], True) if name.endswith(CHANNELS_LAST) else (name, False)
-    )
-    if base not in BASE_MODES:
+    """The :class:`Mode` called ``name`` (e.g. ``"bf16-amp"``, ``"fp16-amp+cl"``,
+    ``"bf16-amp+compile"``) (lesson 09)."""
+    base, *suffixes = name.split("+")
+    suffixes = ["+" + x for x in suffixes]
+    if (
+        base not in BASE_MODES
+        or any(x not in (CHANNELS_LAST, COMPILED) for x in suffixes)
+        or len(set(suffixes)) != len(suffixes)
+    ):
         raise ValueError(
             f"unknown mode {name!r}: choose from {', '.join(BASE_MODES)}, optionally with "
-            f"{CHANNELS_LAST!r} (channels-last, cnn model only)"
+            f"{CHANNELS_LAST!r} (channels-last, cnn model only) and/or {COMPILED!r}"
         )
     dtype = {"fp16-amp": torch.float16, "bf16-amp": torch.bfloat16}.get(base)
-    return Mode(name=name, amp_dtype=dtype, tf32=base == "tf32", channels_last=cl)
+    return Mode(
+        name=name,
+        amp_dtype=dtype,
+        tf32=base == "tf32",
+        channels_last=CHANNELS_LAST in suffixes,
+        compiled=COMPILED in suffixes,
+    )
 
 
 def unsupported_reason(mode: str | Mode, device: torch.device | str, model: str = "mlp") -> str:
@@ -153,14 +181,27 @@ class SmallConvNet(nn.Module):
         return self.head(self.features(x))
 
 
-def build_model(model: str, size: int) -> nn.Module:
-    """The benchmark's model: ``mlp`` (3 layers of width ``size``) or ``cnn`` (``size``
-    channels) (lesson 09)."""
+def build_model(model: str, size: int, config: GPTConfig | str = "cpu") -> nn.Module:
+    """The benchmark's model: ``mlp`` (3 layers of width ``size``), ``cnn`` (``size``
+    channels) or ``gpt`` (:class:`course.gpt.GPT` of ``config``; ``size`` unused) (lesson 09)."""
     if model == "mlp":
         return mlp((size, size, size, NUM_CLASSES))
     if model == "cnn":
         return SmallConvNet(size)
+    if model == "gpt":
+        return build_gpt(config)
     raise ValueError(f"unknown model {model!r}: choose from {MODELS}")
+
+
+@functools.lru_cache(maxsize=1)
+def _text() -> torch.Tensor:
+    """Real text for the gpt's batches: 1 MB of the standard library's source, read once."""
+    return stdlib_corpus(max_bytes=1_000_000)[0]
+
+
+def gpt_config(config: GPTConfig | str) -> GPTConfig:
+    """``config`` itself, or the named size in :data:`course.gpt.CONFIGS` (lesson 09)."""
+    return CONFIGS[config] if isinstance(config, str) else config
 
 
 def make_batch(
@@ -170,8 +211,13 @@ def make_batch(
     device: torch.device,
     image_size: int = 32,
     seed: int = 0,
+    config: GPTConfig | str = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random inputs and labels for one step of ``model`` (lesson 09)."""
+    """Inputs and labels for one step of ``model`` (lesson 09): random for the mlp and cnn,
+    windows of real text (the standard library's source) for the gpt."""
+    if model == "gpt":
+        block = gpt_config(config).block_size
+        return next(random_batches(_text(), batch_size, block, seed, device))
     gen = torch.Generator().manual_seed(seed)
     if model == "mlp":
         x = torch.randn(batch_size, size, generator=gen)
@@ -207,14 +253,18 @@ class StepSetup:
     x: torch.Tensor
     y: torch.Tensor
     device_type: str
+    forward: Callable[[torch.Tensor], torch.Tensor] | None = None
+    lm: bool = False
 
     def step(self) -> None:
         """One training step: forward (under autocast if the mode says so), backward, update."""
         m = self.mode
+        forward = self.model if self.forward is None else self.forward
         with torch.autocast(
             self.device_type, dtype=m.amp_dtype or torch.bfloat16, enabled=m.amp_dtype is not None
         ):
-            loss = F.cross_entropy(self.model(self.x), self.y)
+            out = forward(self.x)
+            loss = lm_loss(out, self.y) if self.lm else F.cross_entropy(out, self.y)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         self.scaler.step(self.optimizer)
@@ -229,22 +279,106 @@ def make_setup(
     device: torch.device,
     image_size: int = 32,
     seed: int = 0,
+    config: GPTConfig | str = "cpu",
 ) -> StepSetup:
     """A fresh :class:`StepSetup`; every mode starts from the same weights (lesson 09)."""
     torch.manual_seed(seed)
-    net = build_model(model, size).to(device)
-    x, y = make_batch(model, size, batch_size, device, image_size, seed)
+    net = build_model(model, size, config).to(device)
+    x, y = make_batch(model, size, batch_size, device, image_size, seed, config)
     if mode.channels_last:
         net = net.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
+    if model == "gpt":
+        opt: torch.optim.Optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    else:
+        opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
     scaler = torch.amp.GradScaler(device.type, enabled=mode.uses_scaler)
-    return StepSetup(mode, net, opt, scaler, x, y, device.type)
+    forward = torch.compile(net) if mode.compiled else None
+    return StepSetup(mode, net, opt, scaler, x, y, device.type, forward, lm=model == "gpt")
+
+
+#: Dense (no sparsity) peak TFLOP/s from NVIDIA's datasheets, by the name torch reports. The
+#: first key contained in the device's name wins, so more specific names come first.
+DATASHEET_TFLOPS: dict[str, dict[str, float]] = {
+    "H100 PCIe": {"fp32": 51.0, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0},
+    "H100": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
+    "H200": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
+    "A100": {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
+    "L4": {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0},
+}
+
+
+def peak_dtype(mode: Mode) -> str:
+    """The arithmetic a mode's matmuls run in: ``fp32``, ``tf32``, ``fp16`` or ``bf16``."""
+    return {"fp32": "fp32", "tf32": "tf32", "fp16-amp": "fp16", "bf16-amp": "bf16"}[mode.base]
+
+
+def datasheet_peak(device: torch.device | str, dtype: str) -> float | None:
+    """The datasheet's dense peak FLOP/s of ``device`` for ``dtype`` (``fp32``, ``tf32``,
+    ``fp16``, ``bf16``), or None for a CPU or a GPU not in :data:`DATASHEET_TFLOPS` (lesson 09).
+    NVL variants are left out on purpose: their clocks, and so their peaks, differ."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    if "NVL" in name:
+        return None
+    for key, table in DATASHEET_TFLOPS.items():
+        if key in name:
+            return table[dtype] * 1e12
+    return None
+
+
+def measure_peak(
+    device: torch.device | str, dtype: str, sizes: Sequence[int] | None = None
+) -> float:
+    """The best FLOP/s of square ``n`` x ``n`` matmuls in ``dtype`` on ``device`` over ``sizes``,
+    each timed with ``torch.utils.benchmark`` (lesson 09): what the device does on the simplest
+    large work. ``sizes`` defaults to 4096 and 8192 on a GPU; 256 to 1024 (fp32) or 128 to 512
+    (16-bit, which can be very slow on a CPU without native instructions) on a CPU."""
+    device = torch.device(device)
+    on_gpu = device.type == "cuda"
+    if sizes is None:
+        sizes = (4096, 8192) if on_gpu else (256, 1024) if dtype in ("fp32", "tf32") else (128, 512)
+    torch_dtype = {"fp32": torch.float32, "tf32": torch.float32}.get(
+        dtype, torch.float16 if dtype == "fp16" else torch.bfloat16
+    )
+    best = 0.0
+    gen = torch.Generator().manual_seed(0)
+    for n in sizes:
+        a = torch.randn(n, n, generator=gen).to(device, torch_dtype)
+        b = torch.randn(n, n, generator=gen).to(device, torch_dtype)
+        with math_mode(dtype == "tf32"):
+            timer = tbench.Timer(
+                "a @ b", globals={"a": a, "b": b}, num_threads=torch.get_num_threads()
+            )
+            seconds = timer.blocked_autorange(min_run_time=0.2 if on_gpu else 0.05).median
+        best = max(best, 2 * n**3 / seconds)
+    return best
+
+
+def count_gpt_flops(config: GPTConfig, batch_size: int) -> int:
+    """FLOPs of one training step (forward and backward) of :class:`course.gpt.GPT` on
+    ``batch_size`` sequences of ``config.block_size`` tokens, counted by ``FlopCounterMode``
+    (2 FLOPs per multiply-add) on a copy of the model on the ``meta`` device (lesson 09).
+
+    On ``meta`` nothing is computed or allocated, so even the GPU size counts in a moment, and
+    attention takes the math path (matmuls for the scores and the values, over the full
+    context, backward 2x forward); a real CPU or GPU kernel would be counted differently or,
+    on the CPU, not at all.
+    """
+    with torch.device("meta"):
+        model = GPT(config)
+        idx = torch.zeros(batch_size, config.block_size, dtype=torch.long)
+    with FlopCounterMode(display=False) as counter:
+        lm_loss(model(idx), idx).backward()
+    return int(counter.get_total_flops())
 
 
 @dataclass
 class Result:
-    """One row of the benchmark table (lesson 09). Times in seconds, memory in bytes."""
+    """One row of the benchmark table (lesson 09). Times in seconds, memory in bytes, FLOPs per
+    step; ``unit`` is what ``throughput`` counts (samples, or tokens for the gpt)."""
 
     mode: str
     model: str
@@ -257,15 +391,40 @@ class Result:
     memory_saving: float | None = None
     note: str = ""
     times: tuple[float, ...] = ()
+    items_per_step: int | None = None
+    unit: str = "samples"
+    compile_time: float | None = None
+    speedup_tf32: float | None = None
+    flops: int | None = None
+    peak_datasheet: float | None = None
+    peak_measured: float | None = None
 
     @property
     def throughput(self) -> float | None:
-        """Training samples per second."""
-        return self.batch_size / self.step_time if self.step_time else None
+        """Training samples (or tokens) per second."""
+        items = self.items_per_step or self.batch_size
+        return items / self.step_time if self.step_time else None
 
     @property
     def measured(self) -> bool:
         return self.step_time is not None
+
+    @property
+    def achieved(self) -> float | None:
+        """FLOP/s achieved: FLOPs per step over the step time."""
+        return self.flops / self.step_time if self.flops and self.step_time else None
+
+    @property
+    def mfu_datasheet(self) -> float | None:
+        """Model FLOPs utilisation against the datasheet peak for the mode's dtype."""
+        a = self.achieved
+        return a / self.peak_datasheet if a and self.peak_datasheet else None
+
+    @property
+    def mfu_measured(self) -> float | None:
+        """Model FLOPs utilisation against the matmul peak measured in this run."""
+        a = self.achieved
+        return a / self.peak_measured if a and self.peak_measured else None
 
 
 def _peak_memory(setup: StepSetup, device: torch.device, baseline: int, steps: int = 2) -> int:
@@ -285,34 +444,58 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _warm_up(
-    mode: Mode, model: str, size: int, batch_size: int, device: torch.device, image_size: int
-) -> None:
-    """One step of a freshly built (mode, size), so that its one-time allocations are made."""
-    setup = make_setup(mode, model, size, batch_size, device, image_size)
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed_step(setup: StepSetup, device: torch.device) -> float:
+    """Seconds one step takes, synchronised before and after (used for the compiling step)."""
+    _sync(device)
+    start = time.perf_counter()
+    setup.step()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+@dataclass(frozen=True)
+class _Work:
+    """What every mode of one table block trains: the model, its size and the batch."""
+
+    model: str
+    size: int
+    batch_size: int
+    device: torch.device
+    image_size: int = 32
+    config: GPTConfig | str = "cpu"
+
+    def setup(self, mode: Mode) -> StepSetup:
+        return make_setup(
+            mode, self.model, self.size, self.batch_size, self.device, self.image_size,
+            config=self.config,
+        )  # fmt: skip
+
+
+def _warm_up(mode: Mode, work: _Work) -> float:
+    """One step of a freshly built (mode, size), so that its one-time allocations (and, for a
+    compiled mode, the compilation) are made; returns how long that step took."""
+    setup = work.setup(mode)
     with math_mode(mode.tf32):
-        setup.step()
+        return _timed_step(setup, work.device)
 
 
 def _measure(
-    mode: Mode,
-    model: str,
-    size: int,
-    batch_size: int,
-    device: torch.device,
-    image_size: int,
-    warmup: int,
-    min_run_time: float,
-    memory: bool,
+    mode: Mode, work: _Work, warmup: int, min_run_time: float, memory: bool
 ) -> tuple[float, int | None]:
     """Median step time of one freshly built (mode, size), and its peak memory if ``memory``.
 
     A function of its own so that nothing of the setup (the timer holds its ``step``) is alive
     when the next one is built: the next mode's peak memory must not include this one's model.
     """
+    device = work.device
     _free(device)
     baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-    setup = make_setup(mode, model, size, batch_size, device, image_size)
+    setup = work.setup(mode)
     peak = None
     with math_mode(mode.tf32):
         for _ in range(warmup):
@@ -323,7 +506,7 @@ def _measure(
             stmt="step()",
             globals={"step": setup.step},
             num_threads=torch.get_num_threads(),
-            label=f"{model} {size}",
+            label=f"{work.model} {work.size}",
             description=mode.name,
         )
         median = timer.blocked_autorange(min_run_time=min_run_time).median
@@ -341,18 +524,27 @@ def run_benchmark(
     image_size: int = 32,
     warmup: int = 3,
     progress: Callable[[int, int, str], None] | None = None,
+    config: GPTConfig | str = "cpu",
+    flops_fn: Callable[[GPTConfig, int], int] | None = None,
+    measure_peaks: bool = True,
 ) -> list[Result]:
     """Measure a training step in every mode, side by side, for each size (lesson 09).
 
-    ``fp32`` is always measured (added if missing): speed-up and memory saving are relative to it.
-    Each of ``repeats`` rounds builds every (size, mode) afresh and times it with
+    ``fp32`` is always measured (added if missing): speed-up and memory saving are relative to it
+    (and, where ``tf32`` was measured, ``speedup_tf32`` to that). Each of ``repeats`` rounds builds
+    every (size, mode) afresh and times it with
     ``torch.utils.benchmark.Timer.blocked_autorange(min_run_time=...)`` (the median of its blocks);
-    a mode's step time is the fastest round, since a busy machine only ever adds time. On CUDA the
-    first round also records the peak memory of two steps, above what was allocated before the
-    mode's model was built (every mode takes one warm-up step beforehand, so that one-time
-    cuBLAS/cuDNN workspaces are in every baseline). Modes the device cannot run come back
-    unmeasured with a ``note`` saying why. ``progress(done, total, label)`` is called after each
-    measurement.
+    a mode's step time is the fastest round, since a busy machine only ever adds time. Before the
+    rounds every mode takes one step on a fresh model, timed on its own: for a ``+compile`` mode
+    that step compiles, and its time is ``compile_time``. On CUDA the first round also records the
+    peak memory of two steps, above what was allocated before the mode's model was built. Modes
+    the device cannot run come back unmeasured with a ``note`` saying why.
+    ``progress(done, total, label)`` is called after each measurement.
+
+    For ``model="gpt"`` (``config`` a :class:`course.gpt.GPTConfig` or a name in
+    :data:`course.gpt.CONFIGS`; ``sizes`` is then ignored) throughput counts tokens, and
+    ``flops`` is ``flops_fn(config, tokens)`` if given, else :func:`count_gpt_flops`;
+    with ``measure_peaks`` each dtype's matmul peak is measured once (:func:`measure_peak`).
     """
     if repeats < 1 or batch_size < 1 or not sizes:
         raise ValueError("need repeats >= 1, batch_size >= 1 and at least one size")
@@ -365,6 +557,9 @@ def run_benchmark(
     parsed = [parse_mode(n) for n in names]
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}: choose from {MODELS}")
+    if model == "gpt":
+        cfg = gpt_config(config)
+        sizes = (cfg.d_model,)
     rows = {
         (size, m.name): Result(
             m.name, model, size, batch_size, str(dev), note=unsupported_reason(m, dev, model)
@@ -373,29 +568,46 @@ def run_benchmark(
         for m in parsed
     }
     runnable = [m for m in parsed if not unsupported_reason(m, dev, model)]
+    works = {
+        size: _Work(model, size, batch_size, dev, image_size, config if model == "gpt" else "cpu")
+        for size in sizes
+    }
     times: dict[tuple[int, str], list[float]] = {(s, m.name): [] for s in sizes for m in runnable}
     total, done = len(times) * repeats, 0
-    if dev.type == "cuda":
-        # A process's first cuBLAS/cuDNN calls allocate workspaces that stay allocated (tens of
-        # MiB on recent GPUs). Let every mode make them before anything is measured, so they sit
-        # in each mode's baseline instead of in the first measured mode's peak.
-        for size in sizes:
-            for m in runnable:
-                _warm_up(m, model, size, batch_size, dev, image_size)
+    # Every mode takes one step before anything is measured: a process's first cuBLAS/cuDNN
+    # calls allocate workspaces that stay allocated, and they must sit in each mode's baseline
+    # instead of in the first measured mode's peak; a compiled mode compiles in this step.
+    first: dict[tuple[int, str], float] = {}
+    for size in sizes:
+        for m in runnable:
+            if dev.type == "cuda" or m.compiled:
+                first[(size, m.name)] = _warm_up(m, works[size])
     # Round after round, every (size, mode) once: a busy spell slows all of them alike.
     for round_ in range(repeats):
         for size in sizes:
             for m in runnable:
                 memory = round_ == 0 and dev.type == "cuda"
-                median, peak = _measure(
-                    m, model, size, batch_size, dev, image_size, warmup, min_run_time, memory
-                )
+                median, peak = _measure(m, works[size], warmup, min_run_time, memory)
                 times[(size, m.name)].append(median)
                 if memory:
                     rows[(size, m.name)].peak_memory = peak
                 done += 1
                 if progress is not None:
                     progress(done, total, f"{m.name} (size {size}, round {round_ + 1})")
+    flops: dict[int, int | None] = {}
+    if model == "gpt":
+        tokens = batch_size * cfg.block_size
+        if flops_fn is not None:
+            flops[cfg.d_model] = int(flops_fn(cfg, tokens))
+        else:
+            flops[cfg.d_model] = count_gpt_flops(cfg, batch_size)
+    peaks: dict[str, tuple[float | None, float | None]] = {}
+    if model == "gpt":
+        for m in runnable:
+            key = peak_dtype(m)
+            if key not in peaks:
+                measured = measure_peak(dev, key) if measure_peaks else None
+                peaks[key] = (datasheet_peak(dev, key), measured)
     results: list[Result] = []
     for size in sizes:
         base = rows[(size, "fp32")]
@@ -403,10 +615,20 @@ def run_benchmark(
             row = rows[(size, m.name)]
             row.times = tuple(times[(size, m.name)])
             row.step_time = min(row.times)
+            if m.compiled:
+                row.compile_time = first.get((size, m.name))
+            if model == "gpt":
+                row.items_per_step = batch_size * cfg.block_size
+                row.unit = "tokens"
+                row.flops = flops[size]
+                row.peak_datasheet, row.peak_measured = peaks[peak_dtype(m)]
+        tf32 = rows.get((size, "tf32"))
         for name in names:
             row = rows[(size, name)]
             if row.measured and base.measured:
                 row.speedup = base.step_time / row.step_time
+            if row.measured and tf32 is not None and tf32.measured:
+                row.speedup_tf32 = tf32.step_time / row.step_time
             if row.peak_memory is not None and base.peak_memory:
                 row.memory_saving = 1.0 - row.peak_memory / base.peak_memory
             if row.measured and dev.type != "cuda":
@@ -421,30 +643,68 @@ def _fmt_time(seconds: float | None) -> str:
     return f"{seconds * 1e3:.2f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
+def _fmt_rate(flops: float | None) -> str:
+    return f"{flops / 1e12:.3g}" if flops else "-"
+
+
+def _fmt_share(x: float | None) -> str:
+    return f"{x:.1%}" if x is not None else "-"
+
+
 def format_table(results: Sequence[Result], device_description: str = "") -> str:
-    """The benchmark as a text table with notes on what was not measured (lesson 09)."""
+    """The benchmark as a text table with notes on what was not measured (lesson 09).
+
+    For the gpt the table adds the compiling step's time, TFLOP/s achieved and MFU against the
+    datasheet and the measured matmul peak, and lists the peaks it used.
+    """
+    lm = any(r.unit == "tokens" for r in results)
     head = (
-        f"{'mode':<13}{'model':>6}{'size':>6}{'batch':>7}{'step time':>12}{'throughput':>19}"
-        f"{'peak memory':>14}{'speed-up':>10}{'mem saving':>12}"
+        f"{'mode':<18}{'model':>6}{'size':>6}{'batch':>7}{'step time':>12}{'throughput':>20}"
+        f"{'peak memory':>13}{'speed-up':>10}{'vs tf32':>9}{'mem saving':>12}"
     )
+    if lm:
+        head += f"{'compile':>10}{'TFLOP/s':>9}{'MFU sheet':>11}{'MFU meas.':>11}"
     lines = []
     if device_description:
         lines.append(f"Measured on {device_description}")
     lines += [head, "-" * len(head)]
     notes: dict[str, str] = {}
     for r in results:
-        thr = f"{r.throughput:,.0f} samples/s" if r.throughput else "-"
+        thr = f"{r.throughput:,.0f} {r.unit}/s" if r.throughput else "-"
         mem = f"{r.peak_memory / 2**20:.1f} MiB" if r.peak_memory is not None else "n/a"
         spd = f"{r.speedup:.2f}x" if r.speedup is not None else "-"
+        vtf = f"{r.speedup_tf32:.2f}x" if r.speedup_tf32 is not None else "-"
         sav = f"{r.memory_saving:+.1%}" if r.memory_saving is not None else "n/a"
         if not r.measured:
             thr = "not measured"
-        lines.append(
-            f"{r.mode:<13}{r.model:>6}{r.size:>6}{r.batch_size:>7}{_fmt_time(r.step_time):>12}"
-            f"{thr:>19}{mem:>14}{spd:>10}{sav:>12}"
+        line = (
+            f"{r.mode:<18}{r.model:>6}{r.size:>6}{r.batch_size:>7}{_fmt_time(r.step_time):>12}"
+            f"{thr:>20}{mem:>13}{spd:>10}{vtf:>9}{sav:>12}"
         )
+        if lm:
+            comp = _fmt_time(r.compile_time) if r.compile_time is not None else "-"
+            line += (
+                f"{comp:>10}{_fmt_rate(r.achieved):>9}{_fmt_share(r.mfu_datasheet):>11}"
+                f"{_fmt_share(r.mfu_measured):>11}"
+            )
+        lines.append(line)
         if r.note:
             notes.setdefault(r.note, r.mode)
+    if lm:
+        peaks = {}
+        for r in results:
+            if r.measured:
+                peaks.setdefault(
+                    peak_dtype(parse_mode(r.mode)), (r.peak_datasheet, r.peak_measured)
+                )
+        flops = next((r.flops for r in results if r.flops), None)
+        lines.append(
+            f"FLOPs per step: {flops:,} (2 per multiply-add; MFU = FLOPs per step / step time / "
+            "peak). Peaks in TFLOP/s, datasheet (dense) / measured with a large matmul here: "
+            + "; ".join(f"{k} {_fmt_rate(d)} / {_fmt_rate(m)}" for k, (d, m) in peaks.items())
+            + ". 'compile' is the first step of a +compile mode, compilation included; "
+            "step times exclude it."
+        )
     if results and torch.device(results[0].device).type == "cpu":
         amx = "present" if cpu_has_amx() else "absent"
         lines.append(
@@ -480,13 +740,28 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
-    p.add_argument("--model", choices=MODELS, default="mlp", help="mlp (default) or cnn")
+    p.add_argument(
+        "--model", choices=MODELS, default="mlp", help="mlp (default), cnn or gpt (real text)"
+    )
+    p.add_argument(
+        "--gpt-size",
+        choices=sorted(CONFIGS),
+        default=None,
+        help="gpt size from course.gpt.CONFIGS (default: gpu on CUDA, cpu elsewhere)",
+    )
+    p.add_argument(
+        "--compile",
+        choices=("off", "on", "both"),
+        default="off",
+        help="run each mode eager (off, default), under torch.compile (on) or both",
+    )
     p.add_argument(
         "--modes",
         nargs="+",
         default=None,
         metavar="MODE",
-        help=f"any of {', '.join(BASE_MODES)}, with {CHANNELS_LAST} for channels-last (cnn only); "
+        help=f"any of {', '.join(BASE_MODES)}, with {CHANNELS_LAST} for channels-last (cnn only) "
+        f"and/or {COMPILED}; "
         "fp32 is always added as the baseline (default: all four; with --model cnn also "
         "fp16-amp+cl and bf16-amp+cl)",
     )
@@ -526,7 +801,11 @@ def run_from_args(argv: Sequence[str] | None = None) -> tuple[list[Result], torc
     modes = args.modes or (
         [*BASE_MODES, "fp16-amp+cl", "bf16-amp+cl"] if args.model == "cnn" else list(BASE_MODES)
     )
+    if args.compile != "off":
+        compiled = [m + COMPILED for m in modes if COMPILED not in m]
+        modes = compiled if args.compile == "on" else [*modes, *compiled]
     sizes = args.sizes or ([1020, 1024] if args.model == "mlp" else [60, 64])
+    config = args.gpt_size or ("gpu" if device.type == "cuda" else "cpu")
     try:
         for m in modes:
             parse_mode(m)
@@ -541,6 +820,7 @@ def run_from_args(argv: Sequence[str] | None = None) -> tuple[list[Result], torc
         min_run_time=args.min_run_time,
         device=device,
         image_size=args.image_size,
+        config=config,
     )
     return results, device
 

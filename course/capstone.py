@@ -1,127 +1,204 @@
-"""The capstone's helpers: a benchmark dashboard, training curves and float8 demos (lesson 09).
+"""The capstone's helpers: memory breakdown, parity plot and benchmark dashboard (lesson 09).
 
-The graded exercises (``train_compare`` and the ``DelayedScaling`` float8 scaler) are left to the
-student; the helpers here measure, plot and replay what those exercises produce.
+The graded exercises (``train_compare`` and ``transformer_flops``) are left to the student; the
+helpers here measure and draw what the lesson's GPT (:mod:`course.gpt`) does in each precision.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 
 import ipywidgets as W
 import torch
 from IPython.display import display
 from matplotlib.axes import Axes
+from torch import nn
 
-from course.benchmark import BASE_MODES, Result, run_benchmark, unsupported_reason
+from course.benchmark import BASE_MODES, COMPILED, Result, math_mode, parse_mode, run_benchmark
+from course.benchmark import unsupported_reason as _unsupported
+from course.gpt import GPTConfig, lm_loss
 from course.plotting import new_figure
 
-#: The two float8 formats torch casts to, in the order the lesson shows them.
-FP8_FORMATS: tuple[torch.dtype, ...] = (torch.float8_e4m3fn, torch.float8_e5m2)
+#: The parts of a training step's memory, bottom to top in the stacked bar chart.
+MEMORY_PARTS: tuple[str, ...] = (
+    "weights",
+    "gradients",
+    "optimizer state",
+    "16-bit weight copies",
+    "activations",
+)
+_HALF = (torch.float16, torch.bfloat16)
 
 
-def fp8_max(fmt: torch.dtype) -> float:
-    """The largest finite value of a float8 format: 448 for e4m3fn, 57344 for e5m2 (lesson 09)."""
-    if fmt not in FP8_FORMATS:
-        raise ValueError(f"{fmt} is not one of the float8 formats {FP8_FORMATS}")
-    return float(torch.finfo(fmt).max)
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def cast_table(
-    values: Sequence[float],
-    dtypes: Sequence[torch.dtype] = FP8_FORMATS,
-    device: torch.device | str = "cpu",
-) -> str:
-    """What a plain ``.to(dtype)`` on ``device`` does to each value, as a text table (lesson 09).
+def memory_breakdown(
+    model_fn: Callable[[], nn.Module],
+    mode: str,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lr: float = 1e-4,
+    seed: int = 0,
+) -> dict[str, int]:
+    """Bytes of each part of :data:`MEMORY_PARTS` in one AdamW training step of ``model_fn()``
+    in ``mode`` (``fp32``, ``tf32``, ``fp16-amp``, ``bf16-amp``) on the batch ``(x, y)``
+    (lesson 09).
 
-    Nothing is clamped or scaled here: the table shows the cast itself, on this torch build.
+    Weights, gradients and optimizer state are summed from the tensors themselves. What the
+    forward pass saves for backward is counted with ``torch.autograd.graph.saved_tensors_hooks``,
+    each storage once and the parameters themselves not at all: a saved 16-bit tensor equal to a
+    weight (or its transpose) cast to 16 bits is autocast's copy of that weight, everything else
+    an activation. ``"float32 activations"`` is the part of the activations saved in float32 (not
+    a further part: it is inside ``"activations"``). On CUDA the dict also has
+    ``"allocator peak"``: ``torch.cuda.max_memory_allocated`` during the step, above what was
+    allocated before the model was built.
     """
-    x = torch.tensor(list(values), dtype=torch.float32, device=device)
-    names = [str(d).removeprefix("torch.") for d in dtypes]
-    head = f"{'value':>14}" + "".join(f"{n:>16}" for n in names)
-    rows = [head, "-" * len(head)]
-    casts = [x.to(d).float() for d in dtypes]
-    for i, v in enumerate(x.tolist()):
-        rows.append(f"{v:>14.6g}" + "".join(f"{c[i].item():>16.6g}" for c in casts))
-    return "\n".join(rows)
+    m = parse_mode(mode)
+    device = x.device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        baseline = torch.cuda.memory_allocated(device)
+    torch.manual_seed(seed)
+    model = model_fn().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    scaler = torch.amp.GradScaler(device.type, enabled=m.uses_scaler)
+    params = list(model.parameters())
+    param_storages = {p.untyped_storage().data_ptr() for p in params}
+    two_d = [p for p in params if p.dim() == 2]
+    saved: dict[int, tuple[str, int]] = {}
 
+    def is_weight_copy(t: torch.Tensor) -> bool:
+        # autocast's cast of a weight, or its transpose (what a linear layer saves for backward)
+        if m.amp_dtype is None or t.dtype not in _HALF or t.dim() != 2:
+            return False
+        with torch.no_grad():
+            for p in two_d:
+                for view in (p, p.t()):
+                    if view.shape == t.shape and torch.equal(view.to(t.dtype), t):
+                        return True
+        return False
 
-def drifting_tensors(
-    steps: int = 60, numel: int = 4096, spike_at: int | None = 40, seed: int = 0
-) -> list[torch.Tensor]:
-    """A sequence of tensors shaped like one layer's activations over training (lesson 09).
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in param_storages and ptr not in saved:
+            kind = "16-bit weight copies" if is_weight_copy(t) else "activations"
+            if kind == "activations" and t.dtype == torch.float32:
+                kind = "float32 activations"
+            saved[ptr] = (kind, storage.nbytes())
+        return t
 
-    Their magnitude grows slowly (x1.05 per step) and, at ``spike_at``, jumps 8-fold for one step:
-    the case delayed scaling handles worst, since its scale comes from earlier steps.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for step in range(steps):
-        magnitude = 1.05**step * (8.0 if step == spike_at else 1.0)
-        out.append(torch.randn(numel, generator=gen) * magnitude)
+    def step(record: bool) -> None:
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        with math_mode(m.tf32):
+            if record:
+                hooks.__enter__()
+            try:
+                with torch.autocast(
+                    device.type,
+                    dtype=m.amp_dtype or torch.bfloat16,
+                    enabled=m.amp_dtype is not None,
+                ):
+                    loss = lm_loss(model(x), y)
+            finally:
+                if record:
+                    hooks.__exit__(None, None, None)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+
+    step(False)  # the first step creates AdamW's state
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    step(True)
+    out = {
+        "weights": _nbytes(params),
+        "gradients": _nbytes(p.grad for p in params if p.grad is not None),
+        "optimizer state": _nbytes(
+            v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)
+        ),
+        "16-bit weight copies": sum(n for k, n in saved.values() if k == "16-bit weight copies"),
+        "activations": sum(n for k, n in saved.values() if k.endswith("activations")),
+        "float32 activations": sum(n for k, n in saved.values() if k == "float32 activations"),
+    }
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        out["allocator peak"] = torch.cuda.max_memory_allocated(device) - baseline
     return out
 
 
-def replay_scaling(
-    quantize: Callable[[torch.Tensor], tuple[torch.Tensor, float]],
-    dequantize: Callable[[torch.Tensor, float], torch.Tensor],
-    tensors: Sequence[torch.Tensor],
-    fmt: torch.dtype,
-) -> dict[str, list[float]]:
-    """Quantize each tensor in turn and record what happened (lesson 09).
-
-    Returns lists (one entry per tensor) of the ``scale`` used, the tensor's ``amax``, the
-    fraction of elements that ``saturated`` (|x * scale| beyond the format's max) and the
-    relative round-trip error ``rel_error`` = ||dequantize(quantize(x)) - x|| / ||x||.
-    """
-    top = fp8_max(fmt)
-    log: dict[str, list[float]] = {"scale": [], "amax": [], "saturated": [], "rel_error": []}
-    for x in tensors:
-        q, scale = quantize(x)
-        back = dequantize(q, scale).float()
-        xf = x.float()
-        log["scale"].append(float(scale))
-        log["amax"].append(float(xf.abs().max()))
-        log["saturated"].append(float(((xf * float(scale)).abs() > top).float().mean()))
-        log["rel_error"].append(float((back - xf).norm() / xf.norm().clamp_min(1e-30)))
-    return log
-
-
-def plot_training_curves(ax: Axes, result: dict, amp_label: str = "AMP") -> list[list[float]]:
-    """The fp32 and AMP loss curves of a ``train_compare`` result on one axes (lesson 09).
-
-    The legend carries each run's test accuracy. Returns the two curves drawn.
-    """
-    curves = [list(map(float, result["fp32_losses"])), list(map(float, result["amp_losses"]))]
-    labels = [
-        f"fp32 (test accuracy {result['fp32_acc']:.2%})",
-        f"{amp_label} (test accuracy {result['amp_acc']:.2%})",
+def plot_memory_breakdown(ax: Axes, breakdowns: dict[str, dict[str, int]], title: str) -> None:
+    """One stacked bar per mode of :func:`memory_breakdown` results, in MiB (lesson 09); a black
+    tick marks the CUDA allocator's peak where it was measured."""
+    modes = list(breakdowns)
+    bottom = [0.0] * len(modes)
+    colors = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
+    for part, color in zip(MEMORY_PARTS, colors, strict=True):
+        heights = [breakdowns[m][part] / 2**20 for m in modes]
+        ax.bar(modes, heights, bottom=bottom, label=part, color=color)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    peaks = [
+        (i, breakdowns[m]["allocator peak"] / 2**20)
+        for i, m in enumerate(modes)
+        if "allocator peak" in breakdowns[m]
     ]
-    for curve, label, style in zip(curves, labels, ("-o", "--s"), strict=True):
-        ax.plot(range(1, len(curve) + 1), curve, style, label=label, markersize=4)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("mean training loss")
-    ax.set_yscale("log")
-    ax.set_title(f"digits: fp32 vs {amp_label}, same data, same initial weights")
+    if peaks:
+        ax.scatter([i for i, _ in peaks], [v for _, v in peaks], marker="_", s=900, color="black",
+                   label="CUDA allocator peak", zorder=3)  # fmt: skip
+    ax.set_ylabel("MiB")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+
+
+def plot_parity(ax: Axes, results: dict[str, dict], window: int = 10) -> None:
+    """Training-loss curves of ``train_compare`` results on one axes (lesson 09).
+
+    ``results`` maps a label (e.g. ``"bf16"``) to a result; each contributes its AMP curve, and
+    the first also its fp32 curve. Curves are running means over ``window`` steps; the legend
+    carries each run's validation loss.
+    """
+
+    def smooth(values: Sequence[float]) -> list[float]:
+        out, total = [], 0.0
+        for i, v in enumerate(values):
+            total += v
+            if i >= window:
+                total -= values[i - window]
+            out.append(total / min(i + 1, window))
+        return out
+
+    first = next(iter(results.values()))
+    curves = [("fp32", first["fp32_losses"], first["fp32_val_loss"], "-")]
+    curves += [(f"{k} AMP", r["amp_losses"], r["amp_val_loss"], "--") for k, r in results.items()]
+    for label, losses, val, style in curves:
+        ax.plot(range(1, len(losses) + 1), smooth(losses), style,
+                label=f"{label} (validation loss {val:.4f})")  # fmt: skip
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"training loss (mean of {window} steps)")
     ax.legend()
-    return curves
 
 
 class BenchmarkDashboard:
-    """Lesson 09's widget: pick modes and a batch size, press run, see throughput and memory.
+    """Lesson 09's widget: pick modes, compile on/off and a batch size, press run, see tokens/s,
+    MFU and peak memory of the GPT on this device.
 
-    It measures the device it runs on with :func:`course.benchmark.run_benchmark` (the MLP of
-    width ``size``), shows an ``IntProgress`` bar while it runs, then draws two bar charts.
-    Modes the device cannot run are shown disabled, with the reason. ``run()`` is what the button
-    calls, so a test can drive it; the last results and bar heights stay on the object.
+    It measures with :func:`course.benchmark.run_benchmark` (``model="gpt"``), shows an
+    ``IntProgress`` bar while it runs, then draws three bar charts. Modes the device cannot run
+    are shown disabled, with the reason. ``run()`` is what the button calls, so a test can drive
+    it; the last results and bar heights stay on the object.
     """
 
     def __init__(
         self,
         device: torch.device | str,
-        size: int = 256,
-        batch_sizes: Sequence[int] = (16, 32, 64, 128, 256),
-        batch_size: int = 64,
+        config: GPTConfig | str = "cpu",
+        batch_sizes: Sequence[int] = (2, 4, 8, 16, 32),
+        batch_size: int = 8,
         modes: Sequence[str] = BASE_MODES,
         min_run_time: float = 0.05,
         repeats: int = 1,
@@ -131,15 +208,15 @@ class BenchmarkDashboard:
         if batch_size not in batch_sizes:
             raise ValueError(f"batch_size {batch_size} is not among {tuple(batch_sizes)}")
         self.device = torch.device(device)
-        self.size = size
+        self.config = config
         self.min_run_time = min_run_time
         self.repeats = repeats
         self.warmup = warmup
         self.runner = runner
-        self.reasons = {m: unsupported_reason(m, self.device, "mlp") for m in modes}
+        self.reasons = {m: _unsupported(m, self.device, "gpt") for m in modes}
         self.checkboxes = {
             m: W.Checkbox(
-                value=not self.reasons[m],
+                value=not self.reasons[m] and m in ("fp32", "bf16-amp"),
                 description=m,
                 disabled=bool(self.reasons[m]),
                 indent=False,
@@ -148,6 +225,7 @@ class BenchmarkDashboard:
             )
             for m in modes
         }
+        self.compile = W.Checkbox(value=False, description="torch.compile", indent=False)
         self.batch = W.Dropdown(options=list(batch_sizes), value=batch_size, description="batch")
         self.button = W.Button(description="Run benchmark", button_style="primary", icon="play")
         self.progress = W.IntProgress(value=0, min=0, max=1, description="progress")
@@ -160,16 +238,17 @@ class BenchmarkDashboard:
             )
         )
         self.output = W.Output()
-        self.figure, (self.ax_speed, self.ax_memory) = new_figure(9.5, 3.4, ncols=2)
+        self.figure, (self.ax_speed, self.ax_mfu, self.ax_memory) = new_figure(12, 3.4, ncols=3)
         #: Results of the last run, and the bar heights now drawn (``{mode: value}``).
         self.results: list[Result] = []
         self.throughput_bars: dict[str, float] = {}
+        self.mfu_bars: dict[str, float] = {}
         self.memory_bars: dict[str, float] = {}
         self.runs = 0
         self.button.on_click(lambda _button: self.run())
         self.widget = W.VBox(
             [
-                W.HBox(list(self.checkboxes.values())),
+                W.HBox([*self.checkboxes.values(), self.compile]),
                 W.HBox([self.batch, self.button]),
                 self.progress,
                 self.status,
@@ -178,8 +257,9 @@ class BenchmarkDashboard:
         )
 
     def selected_modes(self) -> list[str]:
-        """The modes whose boxes are ticked (and enabled)."""
-        return [m for m, box in self.checkboxes.items() if box.value and not box.disabled]
+        """The modes whose boxes are ticked (and enabled), with ``+compile`` if compile is on."""
+        suffix = COMPILED if self.compile.value else ""
+        return [m + suffix for m, box in self.checkboxes.items() if box.value and not box.disabled]
 
     def _on_progress(self, done: int, total: int, label: str) -> None:
         self.progress.max = max(total, 1)
@@ -198,8 +278,8 @@ class BenchmarkDashboard:
         try:
             self.results = self.runner(
                 modes,
-                model="mlp",
-                sizes=(self.size,),
+                model="gpt",
+                config=self.config,
                 batch_size=int(self.batch.value),
                 repeats=self.repeats,
                 min_run_time=self.min_run_time,
@@ -214,44 +294,57 @@ class BenchmarkDashboard:
         self.draw()
         return self.results
 
+    def _bars(self, ax: Axes, bars: dict[str, float], color: str, ylabel: str, title: str) -> None:
+        ax.clear()
+        ax.bar(list(bars), list(bars.values()), color=color)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.tick_params(axis="x", labelrotation=20)
+
+    def _empty(self, ax: Axes, text: str, title: str) -> None:
+        ax.clear()
+        ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_title(title)
+
     def draw(self) -> None:
-        """Redraw both bar charts from ``self.results``."""
+        """Redraw the three bar charts from ``self.results``."""
         measured = [r for r in self.results if r.measured]
         self.throughput_bars = {r.mode: float(r.throughput) for r in measured}
+        self.mfu_bars = {}
+        sheet = any(r.mfu_datasheet is not None for r in measured)
+        for r in measured:
+            value = r.mfu_datasheet if sheet else r.mfu_measured
+            if value is not None:
+                self.mfu_bars[r.mode] = 100 * value
         self.memory_bars = {
             r.mode: r.peak_memory / 2**20 for r in measured if r.peak_memory is not None
         }
         batch = measured[0].batch_size if measured else self.batch.value
-        ax = self.ax_speed
-        ax.clear()
-        speedups = {r.mode: r.speedup for r in measured}
-        ax.bar(list(self.throughput_bars), list(self.throughput_bars.values()), color="tab:blue")
-        for i, (mode, value) in enumerate(self.throughput_bars.items()):
-            if speedups.get(mode) is not None:
-                ax.annotate(f"{speedups[mode]:.2f}x", (i, value), ha="center", va="bottom")
+        self._bars(self.ax_speed, self.throughput_bars, "tab:blue", "tokens / s",
+                   f"throughput, batch {batch}")  # fmt: skip
+        for i, r in enumerate(measured):
+            if r.speedup is not None:
+                self.ax_speed.annotate(f"{r.speedup:.2f}x", (i, float(r.throughput)),
+                                       ha="center", va="bottom")  # fmt: skip
         if self.throughput_bars:
-            ax.set_ylim(0, 1.15 * max(self.throughput_bars.values()))
-        ax.set_ylabel("samples / s")
-        ax.set_title(f"throughput, batch {batch} (label: speed-up vs fp32)")
-        ax = self.ax_memory
-        ax.clear()
+            self.ax_speed.set_ylim(0, 1.15 * max(self.throughput_bars.values()))
+        peak = "datasheet" if sheet else "measured matmul"
+        self._bars(self.ax_mfu, self.mfu_bars, "tab:orange", "MFU (%)", f"MFU vs {peak} peak")
         if self.memory_bars:
-            ax.bar(list(self.memory_bars), list(self.memory_bars.values()), color="tab:green")
-            ax.set_ylabel("MiB")
-            ax.set_title("peak memory (max_memory_allocated)")
+            self._bars(self.ax_memory, self.memory_bars, "tab:green", "MiB",
+                       "peak memory (max_memory_allocated)")  # fmt: skip
         else:
-            ax.text(
-                0.5,
-                0.5,
+            self._empty(
+                self.ax_memory,
                 f"peak memory is not measured on {self.device.type.upper()}:\n"
                 "torch.cuda.max_memory_allocated\nexists for CUDA only",
-                ha="center",
-                va="center",
-                transform=ax.transAxes,
+                "peak memory",
             )
-            ax.set_xticks([])
-            ax.set_yticks([])
-            ax.set_title("peak memory")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # tight_layout on a widget figure
+            self.figure.tight_layout()
         skipped = [f"{r.mode}: {r.note}" for r in self.results if not r.measured]
         self.status.value = (
             f"run {self.runs}: {len(measured)} modes measured on {self.device.type}"

@@ -11,17 +11,16 @@ import torch
 from matplotlib.figure import Figure
 
 from course import benchmark as B
-from course.capstone import (
-    BenchmarkDashboard,
-    cast_table,
-    drifting_tensors,
-    fp8_max,
-    plot_training_curves,
-    replay_scaling,
-)
+from course.capstone import BenchmarkDashboard, memory_breakdown, plot_memory_breakdown, plot_parity
+from course.gpt import GPT, GPTConfig, random_batches, stdlib_corpus
 from grader import REPO_ROOT
 
 TINY = dict(sizes=(8,), batch_size=4, repeats=1, min_run_time=0.01, warmup=1, device="cpu")
+#: A GPT small enough that even float16 autocast (slow on CPUs without AVX-512 FP16) is quick.
+NANO = GPTConfig(vocab_size=256, block_size=16, n_layer=1, n_head=2, d_model=32, d_ff=64)
+GPT_TINY = dict(
+    model="gpt", config=NANO, batch_size=2, repeats=1, min_run_time=0.01, warmup=1, device="cpu"
+)
 
 
 def test_parse_mode_reads_names_and_rejects_unknown_ones():
@@ -36,6 +35,12 @@ def test_parse_mode_reads_names_and_rejects_unknown_ones():
     assert B.parse_mode("tf32").tf32 and B.parse_mode("tf32").amp_dtype is None
     with pytest.raises(ValueError, match="unknown mode"):
         B.parse_mode("fp8-amp")
+    c = B.parse_mode("bf16-amp+compile")
+    assert c.compiled and c.base == "bf16-amp" and not c.channels_last
+    assert B.parse_mode("fp16-amp+cl+compile").channels_last
+    for bad in ("bf16-amp+compile+compile", "fp32+fast"):
+        with pytest.raises(ValueError, match="unknown mode"):
+            B.parse_mode(bad)
 
 
 def test_unsupported_reasons_on_cpu():
@@ -153,85 +158,147 @@ def test_cli_help_runs_as_a_module():
         assert flag in done.stdout
 
 
-def test_dashboard_run_button_measures_and_redraws():
-    dash = BenchmarkDashboard("cpu", size=8, batch_sizes=(4, 8), batch_size=4, min_run_time=0.01)
+def test_dashboard_run_button_measures_the_gpt_and_redraws():
+    dash = BenchmarkDashboard("cpu", config=NANO, batch_sizes=(2, 4), batch_size=2)
     assert dash.checkboxes["tf32"].disabled and not dash.checkboxes["tf32"].value
     assert dash.results == [] and dash.throughput_bars == {}
-    dash.checkboxes["fp16-amp"].value = False
+    assert dash.selected_modes() == ["fp32", "bf16-amp"]
     dash.button.click()
     assert dash.runs == 1
     assert set(dash.throughput_bars) == {"fp32", "bf16-amp"}
-    assert all(r.batch_size == 4 for r in dash.results)
+    assert all(r.batch_size == 2 and r.unit == "tokens" for r in dash.results)
+    assert dash.throughput_bars["fp32"] == pytest.approx(2 * 16 / dash.results[0].step_time)
+    assert set(dash.mfu_bars) == {"fp32", "bf16-amp"} and all(v > 0 for v in dash.mfu_bars.values())
     assert dash.progress.value == dash.progress.max == 2
     assert dash.memory_bars == {}, "peak memory is not measured on the CPU"
     assert "measured on cpu" in dash.status.value
     first = dict(dash.throughput_bars)
-    dash.batch.value = 8
-    dash.checkboxes["fp16-amp"].value = True
+    dash.batch.value = 4
+    dash.checkboxes["bf16-amp"].value = False
     dash.button.click()
-    assert dash.runs == 2 and all(r.batch_size == 8 for r in dash.results)
-    assert set(dash.throughput_bars) == {"fp32", "fp16-amp", "bf16-amp"}
+    assert dash.runs == 2 and all(r.batch_size == 4 for r in dash.results)
+    assert set(dash.throughput_bars) == {"fp32"}
     assert dash.throughput_bars != first
     assert not dash.button.disabled
 
 
 def test_dashboard_shows_progress_while_running_and_needs_a_mode():
     seen = []
+    asked = {}
 
     def fake_runner(modes, progress, batch_size, **kwargs):
+        asked.update(kwargs, modes=modes)
         for i in range(3):
             progress(i + 1, 3, f"step {i}")
             seen.append((dash.progress.value, dash.progress.max, dash.button.disabled))
         return [
-            B.Result(m, "mlp", 8, batch_size, "cpu", step_time=0.01, speedup=1.0)
+            B.Result(
+                m,
+                "gpt",
+                8,
+                batch_size,
+                "cpu",
+                step_time=0.01,
+                speedup=1.0,
+                items_per_step=batch_size * 64,
+                unit="tokens",
+            )  # fmt: skip
             for m in ["fp32", *modes]
         ]
 
-    dash = BenchmarkDashboard("cpu", size=8, runner=fake_runner)
+    dash = BenchmarkDashboard("cpu", runner=fake_runner)
+    dash.compile.value = True
     dash.run()
+    assert asked["modes"] == ["fp32+compile", "bf16-amp+compile"] and asked["model"] == "gpt"
     assert seen == [(1, 3, True), (2, 3, True), (3, 3, True)]
-    assert dash.throughput_bars["fp32"] == pytest.approx(64 / 0.01)
+    assert dash.throughput_bars["fp32"] == pytest.approx(8 * 64 / 0.01)
     for box in dash.checkboxes.values():
         box.value = False
     previous = dash.results
     assert dash.run() is previous and "Tick at least one mode" in dash.status.value
 
 
-def test_fp8_helpers():
-    assert fp8_max(torch.float8_e4m3fn) == 448.0 and fp8_max(torch.float8_e5m2) == 57344.0
-    with pytest.raises(ValueError):
-        fp8_max(torch.float16)
-    table = cast_table([1e5, float("inf")]).splitlines()
-    assert table[2].split() == ["100000", "448", "inf"]
-    stream = drifting_tensors(steps=12, numel=256, spike_at=10)
-    assert len(stream) == 12
-    amax = [float(t.abs().max()) for t in stream]
-    assert amax[10] > 4 * amax[9] and amax[11] < amax[10] / 4
-
-    def clamp_only(x):
-        return x.clamp(-448, 448).to(torch.float8_e4m3fn), 1.0
-
-    log = replay_scaling(
-        clamp_only, lambda q, s: q.float() / s, [torch.tensor([1.0, 1000.0])], torch.float8_e4m3fn
+def test_gpt_benchmark_counts_tokens_flops_and_mfu():
+    calls = []
+    res = B.run_benchmark(["bf16-amp", "tf32"], progress=lambda *a: calls.append(a), **GPT_TINY)
+    by = {r.mode: r for r in res}
+    assert list(by) == ["fp32", "bf16-amp", "tf32"] and not by["tf32"].measured
+    fp32, bf16 = by["fp32"], by["bf16-amp"]
+    assert fp32.items_per_step == 2 * 16 and fp32.unit == "tokens"
+    assert fp32.throughput == pytest.approx(32 / fp32.step_time)
+    # 3x the forward matmuls: the linear layers and tied head, the scores and the values
+    d, t, ff, v, tokens = 32, 16, 64, 256, 32
+    linear = 2 * tokens * (4 * d * d + 2 * d * ff + d * v)
+    attention = 2 * tokens * 2 * t * d
+    assert fp32.flops == bf16.flops == 3 * (linear + attention)
+    assert fp32.achieved == pytest.approx(fp32.flops / fp32.step_time)
+    assert fp32.peak_datasheet is None and fp32.peak_measured > 0
+    assert fp32.mfu_measured == pytest.approx(fp32.achieved / fp32.peak_measured)
+    assert bf16.peak_measured != fp32.peak_measured, "each dtype has its own measured peak"
+    text = B.format_table(res, "cpu")
+    assert "tokens/s" in text and "MFU" in text and f"{fp32.flops:,}" in text
+    own = B.run_benchmark(
+        ["fp32"], flops_fn=lambda cfg, n: 1000 * n, measure_peaks=False, **GPT_TINY
     )
-    assert log["scale"] == [1.0] and log["saturated"] == [0.5] and log["amax"] == [1000.0]
-    assert log["rel_error"][0] == pytest.approx(552 / (1000**2 + 1) ** 0.5)
+    assert own[0].flops == 32_000 and own[0].mfu_measured is None
 
 
-def test_plot_training_curves_draws_both_runs_on_one_axes():
+def test_compiled_mode_reports_its_compile_time_apart(monkeypatch):
+    """The first step of a +compile mode is timed on its own (torch.compile is replaced by an
+    identity here: compiling for real takes tens of seconds on a CPU)."""
+    wrapped = []
+    monkeypatch.setattr(B.torch, "compile", lambda m: wrapped.append(m) or m)
+    res = B.run_benchmark(["fp32+compile"], **GPT_TINY, measure_peaks=False)
+    by = {r.mode: r for r in res}
+    assert wrapped and by["fp32+compile"].compile_time > 0 and by["fp32"].compile_time is None
+    assert "compile" in B.format_table(res)
+
+
+def test_datasheet_peaks_and_measured_peak():
+    assert B.datasheet_peak("cpu", "bf16") is None
+    assert B.DATASHEET_TFLOPS["H200"]["bf16"] == B.DATASHEET_TFLOPS["H100"]["bf16"]
+    assert list(B.DATASHEET_TFLOPS).index("H100 PCIe") < list(B.DATASHEET_TFLOPS).index("H100")
+    assert B.measure_peak("cpu", "fp32", sizes=(32, 64)) > 0
+    assert [B.peak_dtype(B.parse_mode(m)) for m in ("fp32", "tf32+compile", "fp16-amp")] == [
+        "fp32",
+        "tf32",
+        "fp16",
+    ]
+
+
+def test_memory_breakdown_counts_each_part():
+    train, _ = stdlib_corpus(max_bytes=50_000)
+    x, y = next(random_batches(train, 4, NANO.block_size, seed=0))
+    parts = {m: memory_breakdown(lambda: GPT(NANO), m, x, y) for m in ("fp32", "bf16-amp")}
+    n_params = sum(p.numel() for p in GPT(NANO).parameters())
+    for m, b in parts.items():
+        assert b["weights"] == b["gradients"] == 4 * n_params, m
+        assert b["optimizer state"] >= 2 * 4 * n_params, "AdamW keeps two float32 moments"
+        assert "allocator peak" not in b
+    assert parts["fp32"]["16-bit weight copies"] == 0
+    # autocast's bf16 copies of the matmul weights (qkv, proj, two MLP layers, tied head)
+    matmul_weights = 4 * 32 * 32 + 2 * 32 * 64 + 256 * 32
+    assert parts["bf16-amp"]["16-bit weight copies"] == 2 * matmul_weights
+    assert 0 < parts["bf16-amp"]["activations"] < parts["fp32"]["activations"]
     fig = Figure()
     ax = fig.add_subplot()
-    result = {
-        "fp32_losses": [2.0, 1.0],
-        "amp_losses": [2.1, 0.9],
-        "fp32_acc": 0.9,
-        "amp_acc": 0.85,
-        "difference": 0.05,
+    plot_memory_breakdown(ax, parts, "test")
+    assert len(ax.patches) == 2 * 5
+
+
+def test_plot_parity_draws_fp32_and_each_amp_run():
+    fig = Figure()
+    ax = fig.add_subplot()
+    run = {"fp32_losses": [3.0, 2.0, 1.0], "amp_losses": [3.0, 2.1, 1.1]}
+    results = {
+        "bf16": {**run, "fp32_val_loss": 1.5, "amp_val_loss": 1.6},
+        "fp16": {**run, "fp32_val_loss": 1.5, "amp_val_loss": 1.7},
     }
-    curves = plot_training_curves(ax, result, "bf16 AMP")
-    assert curves == [[2.0, 1.0], [2.1, 0.9]] and len(ax.lines) == 2
+    plot_parity(ax, results, window=2)
+    assert len(ax.lines) == 3
+    assert list(ax.lines[0].get_ydata()) == [3.0, 2.5, 1.5]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert "90.00%" in labels[0] and "bf16 AMP" in labels[1] and "85.00%" in labels[1]
+    assert "1.5000" in labels[0] and "bf16 AMP" in labels[1] and "1.7000" in labels[2]
 
 
 def test_format_table_warns_when_rounds_disagree():

@@ -1,95 +1,178 @@
-"""Wrong answers to lesson 09's exercises that the graders must reject."""
+"""Wrong answers to lesson 09's exercises that the graders must reject, and valid alternatives
+that must keep full marks."""
 
 LESSON = "09-capstone"
 
-_TRAIN_COMPARE_HEAD = """
-def train_compare(model_fn, data, epochs, device_type, amp_dtype, seed, lr=0.05, batch_size=64):
-    x_train, y_train, x_test, y_test = data
+_COMPARE_HEAD = """
+def train_compare(model_fn, data, steps, device_type, amp_dtype, seed, lr=1e-3, batch_size=8):
+    train_tokens, val_tokens = data
+    dev = train_tokens.device
     out = {}
 """
 
-_TRAIN_COMPARE_RUN = """
-        model = model_fn().to(x_train.device)
-        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-        scaler = torch.amp.GradScaler(device_type, enabled=amp and amp_dtype == torch.float16)
+# One run; SEED_HERE, SCALER_ON, TRAIN_AUTOCAST, EVAL_TOKENS are replaced per variant.
+_COMPARE_RUN = """
+        SEED_HERE
+        model = model_fn().to(dev)
+        block = model.config.block_size
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        scaler = torch.amp.GradScaler(device_type, enabled=SCALER_ON)
+        batches = random_batches(train_tokens, batch_size, block, seed, device=dev)
         losses = []
-        for _ in range(epochs):
-            total, batches = 0.0, 0
-            for i in range(0, len(x_train), batch_size):
-                xb, yb = x_train[i:i + batch_size], y_train[i:i + batch_size]
-                with torch.autocast(device_type, dtype=amp_dtype, enabled=AUTOCAST_ON):
-                    loss = F.cross_entropy(model(xb), yb)
-                optimizer.zero_grad()
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-                total += loss.item()
-                batches += 1
-            losses.append(total / batches)
-        with torch.no_grad(), torch.autocast(device_type, dtype=amp_dtype, enabled=AUTOCAST_ON):
-            correct = (model(x_test).argmax(dim=1) == y_test).sum().item()
-        out[f"{name}_acc"] = correct / len(y_test)
+        for _ in range(steps):
+            x, y = next(batches)
+            with torch.autocast(device_type, dtype=amp_dtype, enabled=TRAIN_AUTOCAST):
+                loss = lm_loss(model(x), y)
+            optimizer.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            losses.append(loss.item())
+        xv, yv = val_batch(EVAL_TOKENS, block, device=dev)
+        with torch.no_grad(), torch.autocast(device_type, dtype=amp_dtype, enabled=amp):
+            out[f"{name}_val_loss"] = lm_loss(model(xv), yv).item()
         out[f"{name}_losses"] = losses
-    out["difference"] = out["fp32_acc"] - out["amp_acc"]
+    out["difference"] = out["amp_val_loss"] - out["fp32_val_loss"]
     return out
 """
 
-_SCALING_HEAD = """
-class DelayedScaling:
-    def __init__(self, fmt=torch.float8_e4m3fn, history_len=16, margin=0):
-        self.fmt = fmt
-        self.history_len = history_len
-        self.margin = margin
-        self.fmax = float(torch.finfo(fmt).max)
-        self.amax_history = []
+_RIGHT = {
+    "SEED_HERE": "torch.manual_seed(seed)",
+    "SCALER_ON": "amp and amp_dtype == torch.float16",
+    "TRAIN_AUTOCAST": "amp",
+    "EVAL_TOKENS": "val_tokens",
+}
 
-    def dequantize(self, x_fp8, scale):
-        return x_fp8.float() / scale
+
+def _compare(seed_once: bool = False, **changes: str) -> str:
+    run = _COMPARE_RUN
+    for key, value in {**_RIGHT, **changes}.items():
+        run = run.replace(key, value)
+    loop = '    for name, amp in (("fp32", False), ("amp", True)):'
+    if seed_once:
+        return (
+            _COMPARE_HEAD
+            + "    torch.manual_seed(seed)\n"
+            + loop
+            + run.replace("        torch.manual_seed(seed)\n", "", 1)
+        )
+    return _COMPARE_HEAD + loop + run
+
+
+_FLOPS_HEAD = """
+def transformer_flops(config, tokens):
+    d, t, L = config.d_model, config.block_size, config.n_layer
 """
 
 VARIANTS = {
     # Seeds once for both runs: the AMP run starts from different initial weights.
-    "train_compare_seeds_once": (
-        "train_compare",
-        _TRAIN_COMPARE_HEAD
-        + "    torch.manual_seed(seed)\n"
-        + '    for name, amp in (("fp32", False), ("amp", True)):'
-        + _TRAIN_COMPARE_RUN.replace("AUTOCAST_ON", "amp"),
-    ),
-    # The "AMP" run never enables autocast (it only switches the scaler on for float16).
-    "train_compare_no_autocast": (
-        "train_compare",
-        _TRAIN_COMPARE_HEAD
-        + '    for name, amp in (("fp32", False), ("amp", True)):\n'
-        + "        torch.manual_seed(seed)"
-        + _TRAIN_COMPARE_RUN.replace("AUTOCAST_ON", "False"),
-    ),
-    # Updates the history with this tensor's amax before computing the scale ("current scaling").
-    "scaling_updates_history_first": (
-        "fp8_scaler",
-        _SCALING_HEAD
+    "train_compare_seeds_once": ("train_compare", _compare(seed_once=True)),
+    # float16 without a GradScaler: small gradients underflow to zero in float16.
+    "train_compare_no_scaler_in_fp16": ("train_compare", _compare(SCALER_ON="False")),
+    # Autocast only at evaluation: the "AMP" run trains in fp32.
+    "train_compare_autocast_only_at_eval": ("train_compare", _compare(TRAIN_AUTOCAST="False")),
+    # Validation loss on the training text: measures memorisation, not generalisation.
+    "train_compare_evaluates_on_train": ("train_compare", _compare(EVAL_TOKENS="train_tokens")),
+    # Counts the forward pass only: training also runs backward, 2x the forward.
+    "flops_forgets_backward": (
+        "transformer_flops",
+        _FLOPS_HEAD
         + """
-    def quantize(self, x):
-        self.amax_history.append(float(x.detach().abs().max()))
-        del self.amax_history[:-self.history_len]
-        top = max(self.amax_history)
-        scale = self.fmax / top / 2.0**self.margin if top > 0 else 1.0
-        x_fp8 = (x.float() * scale).clamp(-self.fmax, self.fmax).to(self.fmt)
-        return x_fp8, scale
+    per_layer = 2 * (4 * d * d + 2 * d * config.d_ff) + 4 * t * d
+    return tokens * (L * per_layer + 2 * d * config.vocab_size)
 """,
     ),
-    # Relies on the cast to saturate: true for e4m3fn on torch 2.13's CPU, but e5m2 becomes inf.
-    "scaling_lets_e5m2_overflow": (
-        "fp8_scaler",
-        _SCALING_HEAD
+    # Counts the projections but not attention's score and value matmuls.
+    "flops_forgets_attention": (
+        "transformer_flops",
+        _FLOPS_HEAD
         + """
-    def quantize(self, x):
-        top = max(self.amax_history, default=0.0)
-        scale = self.fmax / top / 2.0**self.margin if top > 0 else 1.0
-        x_fp8 = (x.float() * scale).to(self.fmt)
-        self.amax_history.append(float(x.detach().abs().max()))
-        del self.amax_history[:-self.history_len]
-        return x_fp8, scale
+    per_layer = 2 * (4 * d * d + 2 * d * config.d_ff)
+    return 3 * tokens * (L * per_layer + 2 * d * config.vocab_size)
+""",
+    ),
+    # Counts the tied matrix twice, as if the embedding lookup were a matmul as well.
+    "flops_counts_tied_head_twice": (
+        "transformer_flops",
+        _FLOPS_HEAD
+        + """
+    per_layer = 2 * (4 * d * d + 2 * d * config.d_ff) + 4 * t * d
+    return 3 * tokens * (L * per_layer + 2 * 2 * d * config.vocab_size)
+""",
+    ),
+}
+
+VALID = {
+    # One helper per run, plain backward when the scaler is off, set_to_none spelled out, the
+    # loss through F.cross_entropy directly: the same computation, written differently.
+    "train_compare_helper_per_run": (
+        "train_compare",
+        """
+def train_compare(model_fn, data, steps, device_type, amp_dtype, seed, lr=1e-3, batch_size=8):
+    train_tokens, val_tokens = data
+
+    def run(amp):
+        torch.manual_seed(seed)
+        model = model_fn().to(train_tokens.device)
+        block = model.config.block_size
+        opt = torch.optim.AdamW(model.parameters(), lr=lr)
+        use_scaler = amp and amp_dtype == torch.float16
+        scaler = torch.amp.GradScaler(device_type, enabled=use_scaler)
+        stream = random_batches(train_tokens, batch_size, block, seed, device=train_tokens.device)
+        losses = []
+        for _, (x, y) in zip(range(steps), stream):
+            with torch.autocast(device_type, dtype=amp_dtype, enabled=amp):
+                logits = model(x)
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+            opt.zero_grad(set_to_none=True)
+            if use_scaler:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
+            losses.append(loss.item())
+        model.eval()
+        xv, yv = val_batch(val_tokens, block, device=val_tokens.device)
+        with torch.no_grad():
+            with torch.autocast(device_type, dtype=amp_dtype, enabled=amp):
+                val = float(lm_loss(model(xv), yv))
+        return val, losses
+
+    fp32_val, fp32_losses = run(False)
+    amp_val, amp_losses = run(True)
+    return {"fp32_val_loss": fp32_val, "amp_val_loss": amp_val,
+            "difference": amp_val - fp32_val,
+            "fp32_losses": fp32_losses, "amp_losses": amp_losses}
+""",
+    ),
+    # Per-layer sums, matmul by matmul, as (rows, inner, columns) products.
+    "flops_per_matmul_sum": (
+        "transformer_flops",
+        """
+def transformer_flops(config, tokens):
+    d, t, f = config.d_model, config.block_size, config.d_ff
+    seqs = tokens // t
+    forward = 0
+    for _layer in range(config.n_layer):
+        for rows, inner, cols in ((tokens, d, 3 * d), (tokens, d, d), (tokens, d, f),
+                                  (tokens, f, d)):
+            forward += 2 * rows * inner * cols
+        forward += seqs * config.n_head * 2 * t * (d // config.n_head) * t  # scores
+        forward += seqs * config.n_head * 2 * t * t * (d // config.n_head)  # values
+    forward += 2 * tokens * d * config.vocab_size
+    return int(forward + 2 * forward)
+""",
+    ),
+    # The closed form: 6 FLOPs per matmul weight per token, plus 12 * L * T * d per token.
+    "flops_closed_form": (
+        "transformer_flops",
+        """
+def transformer_flops(config, tokens):
+    d = config.d_model
+    matmul_weights = config.n_layer * (4 * d * d + 2 * d * config.d_ff) + d * config.vocab_size
+    return 6 * matmul_weights * tokens + 12 * config.n_layer * config.block_size * d * tokens
 """,
     ),
 }
