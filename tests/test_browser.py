@@ -1,8 +1,13 @@
 """The course in a real browser: JupyterLab on loopback, driven by headless Chromium.
 
-For every lesson: open the solution notebook, run all cells, operate the lesson's widget and see
-its plot or table change, and save a screenshot. On lesson 01, press nbgrader's Validate and read
-the verdict. Screenshots go to $COURSE_TEST_ARTIFACTS/screenshots (default test-artifacts/).
+JupyterLab is launched as ``python3 run.py lab`` launches it (run.py's ``lab_env``). For every
+lesson, in the student's view: open the solution notebook and see it is not marked modified, run
+all cells (no news prompt), operate the lesson's widget and see its plot or table change, and save
+a screenshot. On lesson 01, press nbgrader's Validate and read the verdict. Then the two views on
+the released lesson 01: the student's (``run.py lab``) has nbgrader's Validate and assignment list
+and nothing of the instructor's, not even /formgrader on the server; the instructor's
+(``run.py lab --instructor``) has Create Assignment, Formgrader and the course list. Screenshots
+go to $COURSE_TEST_ARTIFACTS/screenshots (default test-artifacts/).
 """
 
 from __future__ import annotations
