@@ -12,7 +12,9 @@ go to $COURSE_TEST_ARTIFACTS/screenshots (default test-artifacts/).
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import json
 import os
 import secrets
 import shutil
@@ -399,3 +401,38 @@ def test_instructor_view_has_nbgraders_panels(instructor_lab, browser, shots):
         assert not errors, errors
     finally:
         page.close()
+
+
+def test_lab_views_config_without_a_browser(tmp_path):
+    """The two views' config folders, and the served language_info, checked without Chromium."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    run_py = _load_run_py()
+    student = run_py.lab_env(False, {"PATH": "/usr/bin"})["JUPYTER_CONFIG_PATH"].split(os.pathsep)
+    instructor = run_py.lab_env(True, {})["JUPYTER_CONFIG_PATH"].split(os.pathsep)
+    jupyter = REPO_ROOT / "jupyter"
+    assert student == [str(jupyter / "student"), str(jupyter / "common")]
+    assert instructor == [str(jupyter / "common")]
+    page = json.loads((jupyter / "student" / "labconfig" / "page_config.json").read_text())
+    assert {p for p, off in page["disabledExtensions"].items() if off} == (
+        INSTRUCTOR_PLUGINS - STUDENT_PLUGINS
+    )
+
+    config = PyFileConfigLoader(
+        "jupyter_server_config.py", path=str(jupyter / "common")
+    ).load_config()
+    manager_class = config.ServerApp.contents_manager_class
+    from ipykernel.ipkernel import IPythonKernel
+
+    released = REPO_ROOT / "lessons" / RELEASED / f"{RELEASED}.ipynb"
+    shutil.copy2(released, tmp_path / "lesson.ipynb")
+    other = json.loads(released.read_text())
+    other["metadata"]["language_info"] = {"name": "python", "version": "2.7.18"}
+    (tmp_path / "other.ipynb").write_text(json.dumps(other))
+    manager = manager_class(root_dir=str(tmp_path))
+    served = asyncio.run(manager.get("lesson.ipynb"))["content"]["metadata"]["language_info"]
+    assert served == IPythonKernel.language_info, served
+    # A notebook saved by another Python keeps what it says (JupyterLab will show the change).
+    kept = asyncio.run(manager.get("other.ipynb"))["content"]["metadata"]["language_info"]
+    assert kept == {"name": "python", "version": "2.7.18"}
+    assert (tmp_path / "lesson.ipynb").read_bytes() == released.read_bytes(), "file rewritten"
