@@ -95,6 +95,26 @@ def describe_cpu_half_precision() -> str:
     )
 
 
+def cpu_precision_implication() -> str:
+    """What this CPU's 16-bit instructions mean for autocast's speed on it (lesson 09)."""
+    found = cpu_half_precision_flags()
+    if found["amx_bf16"] or found["avx512_bf16"]:
+        bf16 = (
+            "bfloat16 matmuls run natively (AMX tiles or AVX-512 BF16 dot products), so bf16 "
+            "autocast can keep up with or beat fp32 once matmuls dominate"
+        )
+    else:
+        bf16 = (
+            "no native bfloat16 arithmetic: bfloat16 is converted to and from float32 around "
+            "float32 arithmetic, so expect bf16 autocast to be slower than fp32"
+        )
+    if found["amx_fp16"] or found["avx512_fp16"]:
+        fp16 = "float16 matmuls run natively"
+    else:
+        fp16 = "no native float16 arithmetic: expect fp16 autocast to be far slower than fp32"
+    return f"{bf16}; {fp16}"
+
+
 @dataclass(frozen=True)
 class Mode:
     """One precision configuration of a training step (lesson 09)."""
@@ -708,8 +728,8 @@ def format_table(results: Sequence[Result], device_description: str = "") -> str
     if results and torch.device(results[0].device).type == "cpu":
         amx = "present" if cpu_has_amx() else "absent"
         lines.append(
-            f"CPU AMX: {amx}. {describe_cpu_half_precision()}. Speed-up = fp32 step time / "
-            "mode step time, measured side by side in this run."
+            f"CPU AMX: {amx}. {describe_cpu_half_precision()}: {cpu_precision_implication()}. "
+            "Speed-up = fp32 step time / mode step time, measured side by side in this run."
         )
     noisy = [(r, statistics.median(r.times) / min(r.times)) for r in results if len(r.times) > 1]
     noisy = [(r, spread) for r, spread in noisy if spread > NOISY_SPREAD]

@@ -160,7 +160,8 @@ def plot_parity(ax: Axes, results: dict[str, dict], window: int = 10) -> None:
 
     ``results`` maps a label (e.g. ``"bf16"``) to a result; each contributes its AMP curve, and
     the first also its fp32 curve. Curves are running means over ``window`` steps; the legend
-    carries each run's validation loss.
+    carries each run's validation loss (and, for a comparison shorter than the first, its own
+    fp32 validation loss).
     """
 
     def smooth(values: Sequence[float]) -> list[float]:
@@ -173,11 +174,15 @@ def plot_parity(ax: Axes, results: dict[str, dict], window: int = 10) -> None:
         return out
 
     first = next(iter(results.values()))
-    curves = [("fp32", first["fp32_losses"], first["fp32_val_loss"], "-")]
-    curves += [(f"{k} AMP", r["amp_losses"], r["amp_val_loss"], "--") for k, r in results.items()]
+    n = len(first["fp32_losses"])
+    curves = [("fp32", first["fp32_losses"], f"validation loss {first['fp32_val_loss']:.4f}", "-")]
+    for k, r in results.items():
+        val = f"validation loss {r['amp_val_loss']:.4f}"
+        if len(r["amp_losses"]) != n:  # a shorter comparison has its own fp32 reference
+            val += f", fp32 {r['fp32_val_loss']:.4f} after the same {len(r['amp_losses'])} steps"
+        curves.append((f"{k} AMP", r["amp_losses"], val, "--"))
     for label, losses, val, style in curves:
-        ax.plot(range(1, len(losses) + 1), smooth(losses), style,
-                label=f"{label} (validation loss {val:.4f})")  # fmt: skip
+        ax.plot(range(1, len(losses) + 1), smooth(losses), style, label=f"{label} ({val})")
     ax.set_xlabel("step")
     ax.set_ylabel(f"training loss (mean of {window} steps)")
     ax.legend()

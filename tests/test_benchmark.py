@@ -292,13 +292,15 @@ def test_plot_parity_draws_fp32_and_each_amp_run():
     run = {"fp32_losses": [3.0, 2.0, 1.0], "amp_losses": [3.0, 2.1, 1.1]}
     results = {
         "bf16": {**run, "fp32_val_loss": 1.5, "amp_val_loss": 1.6},
-        "fp16": {**run, "fp32_val_loss": 1.5, "amp_val_loss": 1.7},
-    }
+        "fp16": {"fp32_losses": [3.0], "amp_losses": [3.1], "fp32_val_loss": 2.5,
+                 "amp_val_loss": 1.7},
+    }  # fmt: skip
     plot_parity(ax, results, window=2)
     assert len(ax.lines) == 3
     assert list(ax.lines[0].get_ydata()) == [3.0, 2.5, 1.5]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert "1.5000" in labels[0] and "bf16 AMP" in labels[1] and "1.7000" in labels[2]
+    assert "1.5000" in labels[0] and "bf16 AMP" in labels[1] and "fp32" not in labels[1]
+    assert "1.7000" in labels[2] and "fp32 2.5000 after the same 1 steps" in labels[2]
 
 
 def test_format_table_warns_when_rounds_disagree():
@@ -315,3 +317,7 @@ def test_cpu_half_precision_flags_name_every_flag():
     line = B.describe_cpu_half_precision()
     for flag in B.CPU_HALF_FLAGS:
         assert flag in line
+    implication = B.cpu_precision_implication()
+    native_bf16 = flags["amx_bf16"] or flags["avx512_bf16"]
+    assert ("bfloat16 matmuls run natively" in implication) == native_bf16
+    assert ("far slower" in implication) != (flags["amx_fp16"] or flags["avx512_fp16"])
