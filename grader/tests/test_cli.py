@@ -9,7 +9,7 @@ import pytest
 
 from grader.cli import build_parser, main
 
-COMMANDS = ["release", "package", "intake", "autograde", "feedback", "export", "check"]
+COMMANDS = ["release", "package", "intake", "autograde", "calibrate", "feedback", "export", "check"]
 
 
 def test_every_command_is_listed_in_help(capsys):
