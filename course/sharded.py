@@ -299,7 +299,8 @@ def memory_worker(rank: int, world_size: int, spec: MemorySpec) -> dict:
     ``grads`` (the sharded gradients after the step's reduce-scatter), ``optimizer`` (every
     tensor in the optimizer's state, AdamW's 0-d ``step`` included) and ``gathered`` (the
     largest unit's parameters while that unit runs its forward: the all-gathered copy in
-    ``param_dtype``). Also ``units`` (bytes gathered per unit, "root" first) and ``local_rows``.
+    ``param_dtype``). Also ``units`` (bytes gathered per unit, "root" first), ``local_rows`` and
+    ``head_state`` (dtype and local shape of each optimizer state tensor of ``head.weight``).
     """
     cfg = spec.config
     model = cfg.make_model().to(rank_device())
@@ -345,6 +346,10 @@ def memory_worker(rank: int, world_size: int, spec: MemorySpec) -> dict:
     result["gathered"] = max(gathered.values())
     result["units"] = gathered
     result["local_rows"] = {n: tuple(local(p).shape) for n, p in model.named_parameters()}
+    result["head_state"] = {
+        key: (str(value.dtype).removeprefix("torch."), tuple(local(value).shape))
+        for key, value in optimizer.state[model.head.weight].items()
+    }
     return result
 
 
@@ -502,9 +507,9 @@ def inf_check_worker(rank: int, world_size: int, kind: str, config: FSDPConfig) 
     After the backward (so after FSDP2's reduce-scatter), element ``[0, 0]`` of the last rank's
     local shard of ``head.weight``'s gradient is set to inf, as an overflow that lands in that
     shard would be. ``kind`` (see :data:`SCALERS`) decides whether to step. Returns whether this
-    rank's shards held a non-finite value, whether its shards changed, and the scale after.
+    rank's shards held a non-finite value, whether its shards changed, the scale after, and
+    how many ``dist.all_reduce`` calls the decision made.
     """
-    import warnings
 
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
@@ -523,18 +528,31 @@ def inf_check_worker(rank: int, world_size: int, kind: str, config: FSDPConfig) 
         grad[0, 0] = float("inf")
     local_inf = any(not bool(local(p.grad).isfinite().all()) for p in model.parameters())
     before = [local(p).detach().clone() for p in model.parameters()]
+    with record_fsdp_collectives() as sent:
+        scale = _decide(kind, model, optimizer, scaler, local_inf)
+    after = [local(p).detach() for p in model.parameters()]
+    changed = any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
+    return {
+        "rank": rank,
+        "local_inf": local_inf,
+        "stepped": changed,
+        "scale": scale,
+        "all_reduces": sum(name == "all_reduce" for name, _, _ in sent),
+    }
+
+
+def _decide(kind: str, model: nn.Module, optimizer, scaler, local_inf: bool) -> float:
+    """Step (or not) as ``kind`` decides; return the scale after."""
+    import warnings
+
     if kind == "local":  # unscale by hand, step if *this rank's* gradients are finite
         if not local_inf:
             for p in model.parameters():
                 local(p.grad).div_(scaler.get_scale())
             optimizer.step()
-        scale = scaler.get_scale() * (0.5 if local_inf else 1.0)
-    else:
-        with warnings.catch_warnings():  # DTensor's note on ShardedGradScaler's 1-element inf
-            warnings.filterwarnings("ignore", message="Found a non-scalar tensor")
-            scaler.step(optimizer)
-            scaler.update()
-        scale = scaler.get_scale()
-    after = [local(p).detach() for p in model.parameters()]
-    changed = any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
-    return {"rank": rank, "local_inf": local_inf, "stepped": changed, "scale": scale}
+        return scaler.get_scale() * (0.5 if local_inf else 1.0)
+    with warnings.catch_warnings():  # DTensor's note on ShardedGradScaler's 1-element inf flag
+        warnings.filterwarnings("ignore", message="Found a non-scalar tensor")
+        scaler.step(optimizer)
+        scaler.update()
+    return scaler.get_scale()

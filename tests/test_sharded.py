@@ -110,6 +110,12 @@ def test_memory_counts_partition_the_model(world_size):
     assert ranks[0]["units"] == {"root": root, "blocks.0": block, "blocks.1": block}
     assert ranks[0]["gathered"] == max(root, block)
     assert ranks[0]["local_rows"]["head.weight"][0] == -(-SMALL.n_out // world_size)
+    rows = ranks[0]["local_rows"]["head.weight"]
+    assert ranks[0]["head_state"] == {
+        "step": ("float32", ()),
+        "exp_avg": ("float32", rows),
+        "exp_avg_sq": ("float32", rows),
+    }
 
 
 def test_memory_with_sgd_and_float32_compute():
