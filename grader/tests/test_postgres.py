@@ -108,6 +108,7 @@ def postgres_url() -> Iterator[str]:
     def tool(*args: str) -> None:
         proc = subprocess.run(
             _as_owner([str(bindir / args[0]), *args[1:]]),
+            cwd=base,  # a folder the server's user may enter
             capture_output=True,
             text=True,
             timeout=120,
