@@ -112,12 +112,82 @@ def test_float8_matmul_support_says_why_not_on_a_cpu():
     assert not ok and "8.9" in reason
 
 
+@pytest.mark.parametrize(
+    ("capability", "supported"), [((8, 0), False), ((8, 9), True), ((9, 0), True)]
+)
+def test_float8_matmul_support_on_cuda_needs_compute_capability_8_9(
+    monkeypatch, capability, supported
+):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a test GPU")
+    ok, reason = float8_matmul_support("cuda")
+    assert ok is supported
+    assert f"{capability[0]}.{capability[1]}" in reason
+    assert supported or "8.9 or newer" in reason
+
+
 def test_matmul_tflops_runs_the_scaled_mm_path_on_a_cpu():
     rows = matmul_tflops([16, 32], "cpu", min_run_time=0.01)
     assert [r["n"] for r in rows] == [16, 32]
     for row in rows:
         assert row["bf16_s"] > 0 and row["fp8_s"] > 0
         assert row["fp8_tflops"] == pytest.approx(2 * row["n"] ** 3 / row["fp8_s"] / 1e12)
+
+
+class _RunOnce:
+    """A stand-in for torch.utils.benchmark.Timer that runs the statement once (median 1 s)."""
+
+    def __init__(self, stmt, globals):
+        self.stmt, self.globals = stmt, globals
+
+    def blocked_autorange(self, min_run_time):
+        eval(self.stmt, dict(self.globals))
+        return type("Measurement", (), {"median": 1.0})()
+
+
+def test_matmul_tflops_calls_scaled_mm_as_cuda_requires(monkeypatch):
+    # No GPU here: fake CUDA tensors go through torch's meta checks of _scaled_mm for CUDA
+    # (row-major a, column-major b, dimensions multiples of 16, float32 scales).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setattr(torch.utils.benchmark, "Timer", _RunOnce)
+    with FakeTensorMode():
+        rows = matmul_tflops([16, 64], "cuda")
+    assert [r["n"] for r in rows] == [16, 64]
+    with FakeTensorMode():
+        a8 = torch.empty(32, 32, device="cuda", dtype=torch.float8_e4m3fn)
+        one = torch.ones((), device="cuda")
+        with pytest.raises(RuntimeError, match="col_major"):  # the check the layout must pass
+            torch._scaled_mm(a8, a8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+
+def test_lesson_row_wise_scales_fit_scaled_mm_on_cuda():
+    # The lesson's row-wise call: scales from amax(dim=-1, keepdim=True), reciprocals, the
+    # second one transposed to (1, N) and made contiguous.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        a = torch.randn(48, 64, device="cuda")
+        w = torch.randn(32, 64, device="cuda")
+        sa = 448.0 / a.abs().amax(dim=-1, keepdim=True)
+        sw = 448.0 / w.abs().amax(dim=-1, keepdim=True)
+        qa, qw = (a * sa).to(torch.float8_e4m3fn), (w * sw).to(torch.float8_e4m3fn)
+        y = torch._scaled_mm(
+            qa,
+            qw.t(),
+            scale_a=sa.reciprocal(),
+            scale_b=sw.reciprocal().t().contiguous(),
+            out_dtype=torch.bfloat16,
+        )
+        assert y.shape == (48, 32) and y.device.type == "cuda"
+        with pytest.raises(RuntimeError, match="Invalid scaling configuration"):
+            torch._scaled_mm(
+                qa,
+                qw.t(),
+                scale_a=sa.reciprocal(),
+                scale_b=sw.reciprocal(),
+                out_dtype=torch.bfloat16,
+            )
 
 
 def test_scaled_mm_scales_are_dequantization_factors():

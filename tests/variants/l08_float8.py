@@ -168,6 +168,139 @@ def mx_quantize(x, block=32, fmt=torch.float8_e4m3fn):
 """
         + _MX_DEQUANTIZE,
     ),
+    # Multiplies in x's own dtype: a bfloat16 x times a 0-d float32 scale stays bfloat16, so
+    # x * scale is rounded to 8 bits before the cast to float8 (a double rounding).
+    "current_product_in_input_dtype": (
+        "current_scaling",
+        _CURRENT_HEAD
+        + """
+    amax = xf.abs().amax() if axis is None else xf.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, fmax / amax, torch.ones_like(amax))
+    return (x * scale).clamp(-fmax, fmax).to(fmt), scale
+""",
+    ),
+    # Guards the division with an epsilon: an all-zero row gets fmax / 1e-12, not the scale 1.
+    "current_epsilon_for_zero_rows": (
+        "current_scaling",
+        _CURRENT_HEAD
+        + """
+    amax = xf.abs().amax() if axis is None else xf.abs().amax(dim=-1, keepdim=True)
+    scale = fmax / amax.clamp_min(1e-12)
+    return (xf * scale).clamp(-fmax, fmax).to(fmt), scale
+""",
+    ),
+    # Takes the amax as the largest value, not the largest magnitude: negative outliers saturate.
+    "current_signed_max": (
+        "current_scaling",
+        _CURRENT_HEAD
+        + """
+    amax = xf.amax() if axis is None else xf.amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, fmax / amax, torch.ones_like(amax))
+    return (xf * scale).clamp(-fmax, fmax).to(fmt), scale
+""",
+    ),
+    # Keeps 0-d tensors in the history (no float()), so the scale comes back as a tensor.
+    "scaling_keeps_tensors": (
+        "fp8_scaler",
+        _SCALING_HEAD
+        + """
+    def quantize(self, x):
+        top = max(self.amax_history, default=0.0)
+        scale = self.fmax / top / 2.0**self.margin if top > 0 else 1.0
+        x_fp8 = (x.float() * scale).clamp(-self.fmax, self.fmax).to(self.fmt)
+        self.amax_history.append(x.detach().abs().max())
+        del self.amax_history[:-self.history_len]
+        return x_fp8, scale
+""",
+    ),
+    # Multiplies in x's own dtype: bfloat16 times a Python float stays bfloat16 (double rounding).
+    "scaling_product_in_input_dtype": (
+        "fp8_scaler",
+        _SCALING_HEAD
+        + """
+    def quantize(self, x):
+        top = max(self.amax_history, default=0.0)
+        scale = self.fmax / top / 2.0**self.margin if top > 0 else 1.0
+        x_fp8 = (x * scale).clamp(-self.fmax, self.fmax).to(self.fmt)
+        self.amax_history.append(float(x.detach().abs().max()))
+        del self.amax_history[:-self.history_len]
+        return x_fp8, scale
+""",
+    ),
+    # Leaves all-zero tensors out of the history ("they carry no information").
+    "scaling_skips_zero_amax": (
+        "fp8_scaler",
+        _SCALING_HEAD
+        + """
+    def quantize(self, x):
+        top = max(self.amax_history, default=0.0)
+        scale = self.fmax / top / 2.0**self.margin if top > 0 else 1.0
+        x_fp8 = (x.float() * scale).clamp(-self.fmax, self.fmax).to(self.fmt)
+        amax = float(x.detach().abs().max())
+        if amax > 0:
+            self.amax_history.append(amax)
+            del self.amax_history[:-self.history_len]
+        return x_fp8, scale
+""",
+    ),
+    # Reads the margin as extra scale instead of headroom: multiplies by 2**margin.
+    "scaling_margin_multiplies": (
+        "fp8_scaler",
+        _SCALING_HEAD
+        + """
+    def quantize(self, x):
+        top = max(self.amax_history, default=0.0)
+        scale = self.fmax / top * 2.0**self.margin if top > 0 else 1.0
+        x_fp8 = (x.float() * scale).clamp(-self.fmax, self.fmax).to(self.fmt)
+        self.amax_history.append(float(x.detach().abs().max()))
+        del self.amax_history[:-self.history_len]
+        return x_fp8, scale
+""",
+    ),
+    # Trims the history before appending: it ends up history_len + 1 long.
+    "scaling_history_one_too_long": (
+        "fp8_scaler",
+        _SCALING_HEAD
+        + """
+    def quantize(self, x):
+        top = max(self.amax_history, default=0.0)
+        scale = self.fmax / top / 2.0**self.margin if top > 0 else 1.0
+        x_fp8 = (x.float() * scale).clamp(-self.fmax, self.fmax).to(self.fmt)
+        del self.amax_history[:-self.history_len]
+        self.amax_history.append(float(x.detach().abs().max()))
+        return x_fp8, scale
+""",
+    ),
+    # Clamps only from above: negative elements beyond -fmax are left to the cast (-inf in e5m2).
+    "mx_clamps_only_above": ("mx_block_quantize", _mx(_FREXP, clamp=".clamp(max=fmax)")),
+    # No case for all-zero blocks: frexp(0) has exponent 0, so the block gets -1 - emax.
+    "mx_zero_block_from_frexp": (
+        "mx_block_quantize",
+        _mx(_FREXP, zero_block="scale_exp"),
+    ),
+    # Cuts the flattened tensor into blocks of 32, so blocks run across rows.
+    "mx_blocks_across_rows": (
+        "mx_block_quantize",
+        """
+def mx_quantize(x, block=32, fmt=torch.float8_e4m3fn):
+    n = x.shape[-1]
+    flat = x.float().reshape(-1)
+    total = flat.numel()
+    nb_all = -(-total // block)
+    blocks = torch.nn.functional.pad(flat, (0, nb_all * block - total)).reshape(nb_all, block)
+    amax = blocks.abs().amax(dim=-1)
+    fmax = torch.finfo(fmt).max
+    e = (torch.frexp(amax)[1] - 1 - fp8_emax(fmt)).clamp(-127, 127)
+    e = torch.where(amax > 0, e, -127).to(torch.int32)
+    q = (blocks * torch.exp2(-e.float()).unsqueeze(-1)).clamp(-fmax, fmax).to(fmt)
+    q = q.reshape(-1)[:total].reshape(x.shape)
+    nblocks = -(-n // block)
+    want = x.numel() // n * nblocks
+    e = torch.cat([e, e.new_full((max(0, want - nb_all),), -127)])[:want]
+    return q, e.reshape(x.shape[:-1] + (nblocks,))
+"""
+        + _MX_DEQUANTIZE,
+    ),
 }
 
 VALID = {
@@ -239,6 +372,73 @@ def mx_dequantize(x_fp8, scale_exp, block=32):
         part = x_fp8[..., start:start + block].float()
         out.append(torch.ldexp(part, scale_exp[..., j:j + 1].long()))
     return torch.cat(out, dim=-1)
+""",
+    ),
+    # The scale divided in float64 and rounded once to float32 (the same value: a float64
+    # quotient of two float32 numbers rounds to the correctly rounded float32 quotient).
+    "current_scale_in_float64": (
+        "current_scaling",
+        """
+def quantize_current(x, fmt=torch.float8_e4m3fn, axis=None):
+    fmax = float(torch.finfo(fmt).max)
+    xf = x.to(torch.float32)
+    dims = tuple(range(xf.dim())) if axis is None else (-1,)
+    amax = xf.abs().amax(dim=dims, keepdim=axis is not None).double()
+    scale = torch.where(amax == 0, 1.0, fmax / amax).to(torch.float32)
+    out = torch.minimum(torch.maximum(xf * scale, torch.tensor(-fmax)), torch.tensor(fmax))
+    return out.to(fmt), scale
+""",
+    ),
+    # math.ldexp for the margin and a list trimmed with pop(0).
+    "scaling_ldexp_and_pop": (
+        "fp8_scaler",
+        """
+class DelayedScaling:
+    def __init__(self, fmt=torch.float8_e4m3fn, history_len=16, margin=0):
+        self.fmt, self.history_len, self.margin = fmt, history_len, margin
+        self.amax_history = []
+
+    def quantize(self, x):
+        fmax = float(torch.finfo(self.fmt).max)
+        top = max(self.amax_history) if self.amax_history else 0.0
+        scale = math.ldexp(fmax / top, -self.margin) if top > 0 else 1.0
+        x_fp8 = x.to(torch.float32).mul(scale).clamp(min=-fmax, max=fmax).to(self.fmt)
+        self.amax_history.append(x.abs().amax().item())
+        if len(self.amax_history) > self.history_len:
+            self.amax_history.pop(0)
+        return x_fp8, scale
+
+    def dequantize(self, x_fp8, scale):
+        return x_fp8.float().div(scale)
+""",
+    ),
+    # Pads by repeating the last element (the short block's amax is unchanged) and divides by
+    # the power of two instead of multiplying by its inverse (both exact).
+    "mx_replicate_pad_and_divide": (
+        "mx_block_quantize",
+        """
+def mx_quantize(x, block=32, fmt=torch.float8_e4m3fn):
+    n = x.shape[-1]
+    nblocks = (n + block - 1) // block
+    xf = x.float()
+    flat = xf.reshape(-1, n)
+    if nblocks * block > n:
+        flat = torch.cat([flat, flat[:, -1:].expand(-1, nblocks * block - n)], dim=1)
+    blocks = flat.reshape(-1, nblocks, block)
+    amax = blocks.abs().amax(dim=-1)
+    mant, e = torch.frexp(amax)
+    exp = torch.clamp(e - 1 - fp8_emax(fmt), min=-127, max=127)
+    exp = torch.where(mant == 0, torch.full_like(exp, -127), exp).to(torch.int32)
+    fmax = torch.finfo(fmt).max
+    q = (blocks / torch.exp2(exp.float())[..., None]).clamp(-fmax, fmax).to(fmt)
+    q = q.reshape(-1, nblocks * block)[:, :n].reshape(x.shape)
+    return q, exp.reshape(x.shape[:-1] + (nblocks,))
+
+
+def mx_dequantize(x_fp8, scale_exp, block=32):
+    n = x_fp8.shape[-1]
+    idx = torch.arange(n) // block
+    return x_fp8.float() * torch.exp2(scale_exp.float()[..., idx])
 """,
     ),
 }
