@@ -388,8 +388,8 @@ def plot_memory(ax, per_rank: list[dict], title: str) -> None:
         ax.bar(range(len(per_rank)), values, bottom=bottom, label=part)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set_xticks(range(len(per_rank)), [f"rank {r}" for r in range(len(per_rank))])
-    ax.set(ylabel="KiB", title=title)
-    ax.legend(fontsize="small")
+    ax.set(ylabel="KiB", title=title, ylim=(0, 1.35 * max(bottom)))
+    ax.legend(fontsize="small", ncols=4, loc="upper center")
 
 
 # --------------------------------------------------------------------------------------------
