@@ -240,7 +240,8 @@ def shard_gather_worker(
 def float8_matmul_support(device: torch.device | str) -> tuple[bool, str]:
     """Whether ``device`` has float8 tensor cores (CUDA compute capability 8.9+), and why not.
 
-    Returns ``(supported, reason)``; ``reason`` is printed where the lesson skips a GPU part.
+    Returns ``(supported, reason)``; ``reason`` is printed where the lesson skips a GPU part. A
+    ROCm GPU counts as unsupported: the lesson's float8 timing is written for NVIDIA's.
     Introduced in lesson 08.
     """
     device = torch.device(device)
@@ -248,6 +249,11 @@ def float8_matmul_support(device: torch.device | str) -> tuple[bool, str]:
         return False, (
             f"this lesson runs on {device.type}, not a CUDA GPU: float8 matrix multiplies need "
             "tensor cores of compute capability 8.9 or newer (Ada, Hopper, Blackwell)"
+        )
+    if torch.version.hip is not None:
+        return False, (
+            f"{torch.cuda.get_device_name(device)} is a ROCm GPU: this lesson's float8 timing is "
+            "written for NVIDIA GPUs of compute capability 8.9 or newer"
         )
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < (8, 9):

@@ -124,6 +124,9 @@ def test_float8_matmul_support_on_cuda_needs_compute_capability_8_9(
     assert ok is supported
     assert f"{capability[0]}.{capability[1]}" in reason
     assert supported or "8.9 or newer" in reason
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    ok, reason = float8_matmul_support("cuda")
+    assert not ok and "ROCm" in reason
 
 
 def test_matmul_tflops_runs_the_scaled_mm_path_on_a_cpu():
