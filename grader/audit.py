@@ -128,7 +128,7 @@ def audit_kernel(
                     )
             if progress:
                 lost = sum(f.variant == name for f in audit.failures)
-                progress(f"{exercise} [{name}]: {audit.runs[name]} runs, {lost} lost points")
+                progress(f"{exercise} [{name}]: {audit.runs.get(name, 0)} runs, {lost} lost points")
         audit.seconds = time.perf_counter() - start
         results.append(audit)
     return results
