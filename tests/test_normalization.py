@@ -23,6 +23,7 @@ from course.normalization import (
     norm_io_dtypes,
     norm_support,
     one_thread,
+    record_norm_calls,
     rounding_stall,
     running_var_trace,
     train_classifier,
@@ -223,3 +224,28 @@ def test_widget_controls_change_the_plot():
     assert any(line.get_label() == "float16 max 65504" for line in explorer.ax.get_lines())
     with pytest.raises(ValueError):
         RunningVarianceExplorer(dtype="float64")
+
+
+def test_record_norm_calls_sees_what_each_normalization_computes_on():
+    model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.LayerNorm(6)).half()
+    model[1].float()
+    model[2].float()
+    with record_norm_calls() as calls:
+        out = model(torch.randn(3, 4).half())  # float16 input beside float32 weights: CPU accepts
+    assert out.dtype == torch.float16
+    assert [(c.name, c.input_dtype, c.weight_dtype) for c in calls] == [
+        ("batch_norm", torch.float16, torch.float32),
+        ("layer_norm", torch.float16, torch.float32),
+    ]
+    with record_norm_calls() as calls:
+        nn.GroupNorm(2, 4)(torch.randn(2, 4, 3))
+        nn.BatchNorm2d(4, affine=False)(torch.randn(2, 4, 3, 3))
+    assert [(c.name, c.input_dtype, c.weight_dtype) for c in calls] == [
+        ("group_norm", torch.float32, torch.float32),
+        ("batch_norm", torch.float32, None),
+    ]
+    assert "batch_norm(input float32, weight -)" in repr(calls)
+    with record_norm_calls() as after:
+        pass
+    nn.LayerNorm(3)(torch.randn(2, 3))
+    assert after == []  # nothing is recorded once the block has ended
