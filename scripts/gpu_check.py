@@ -7,7 +7,11 @@
 2. confirms lesson 03's documented CUDA float16 autocast lists against what CUDA autocast really
    does, op by op and layer by layer (lesson 03's hidden tests confirm its answer key the same way
    while step 1 grades it);
-3. runs lesson 09's benchmark (fp32, TF32, fp16-AMP, bf16-AMP) and prints its table.
+3. runs lesson 09's benchmark on its GPT (fp32, TF32, fp16-AMP with GradScaler, bf16-AMP, eager
+   and under ``torch.compile`` on CUDA) and prints its table: step time, tokens/s, peak memory,
+   speed-ups over fp32 and TF32 and MFU, with the lesson's performance targets beside them.
+   Lessons 07 and 08 run their own GPU paths (nccl where there are 2+ GPUs; float8 matmuls on
+   compute capability 8.9+) inside step 1.
 
 Exits non-zero on any failure. On a machine without CUDA it runs what it can on the CPU and says
 what it skipped; ``--require-gpu`` makes a missing GPU a failure.
