@@ -165,6 +165,18 @@ def full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def rank_mesh():
+    """Inside a rank: the 1-D device mesh of all ranks, on this rank's device (lesson 07).
+
+    ``fully_shard`` without a mesh builds one on the machine's accelerator whenever torch sees
+    one, even for a gloo group of CPU ranks; an explicit mesh keeps gloo ranks on the CPU and
+    nccl ranks on their GPUs.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(rank_device().type, (dist.get_world_size(),))
+
+
 def shard_model(
     model: nn.Module,
     param_dtype: torch.dtype | None,
@@ -172,14 +184,16 @@ def shard_model(
     wrap_root: bool = True,
 ) -> nn.Module:
     """``fully_shard`` each block of ``model.blocks``, then the root (unless ``wrap_root`` is
-    False), all under ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` (lesson 07)."""
+    False), on :func:`rank_mesh`, under ``MixedPrecisionPolicy(param_dtype, reduce_dtype)``
+    (lesson 07)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    mesh = rank_mesh()
     for block in model.blocks:
-        fully_shard(block, mp_policy=policy)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
     if wrap_root:
-        fully_shard(model, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 

@@ -26,8 +26,8 @@ def fsdp_amp_worker(rank, world_size, config):
     model = config.make_model()
     policy = MixedPrecisionPolicy(param_dtype=config.param_dtype)
     for block in model.blocks:
-        fully_shard(block, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+        fully_shard(block, mesh=rank_mesh(), mp_policy=policy)
+    fully_shard(model, mesh=rank_mesh(), mp_policy=policy)
 """
         + _WORKER_LOOP
         + """
@@ -44,7 +44,7 @@ def fsdp_amp_worker(rank, world_size, config):
     model = config.make_model()
     policy = MixedPrecisionPolicy(param_dtype=config.param_dtype, reduce_dtype=config.reduce_dtype)
     for block in model.blocks:
-        fully_shard(block, mp_policy=policy)
+        fully_shard(block, mesh=rank_mesh(), mp_policy=policy)
 """
         + _WORKER_LOOP
         + """
@@ -61,8 +61,8 @@ def fsdp_amp_worker(rank, world_size, config):
     model = config.make_model()
     policy = MixedPrecisionPolicy(param_dtype=config.param_dtype, reduce_dtype=config.reduce_dtype)
     for block in model.blocks:
-        fully_shard(block, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+        fully_shard(block, mesh=rank_mesh(), mp_policy=policy)
+    fully_shard(model, mesh=rank_mesh(), mp_policy=policy)
 """
         + _WORKER_LOOP
         + """
@@ -79,8 +79,8 @@ def fsdp_amp_worker(rank, world_size, config):
     model = config.make_model()
     policy = MixedPrecisionPolicy(param_dtype=config.param_dtype, reduce_dtype=config.reduce_dtype)
     for block in model.blocks:
-        fully_shard(block, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+        fully_shard(block, mesh=rank_mesh(), mp_policy=policy)
+    fully_shard(model, mesh=rank_mesh(), mp_policy=policy)
     optimizer = config.make_optimizer(model.parameters())
     losses = []
     for step in range(config.steps):
@@ -207,16 +207,18 @@ VALID = {
         "fsdp_amp_worker",
         """
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
 
 
 def fsdp_amp_worker(rank, world_size, config):
-    # Valid: the full state dict from torch.distributed.checkpoint, the policy as keywords built
-    # once per module, the blocks by index, zero_grad() with its default.
+    # Valid: the full state dict from torch.distributed.checkpoint, its own CPU mesh, the policy
+    # as keywords built once per module, the blocks by index, zero_grad() with its default.
     model = config.make_model()
+    mesh = init_device_mesh("cpu", (world_size,))
     for i in range(len(model.blocks)):
-        fully_shard(model.blocks[i], mp_policy=MixedPrecisionPolicy(
+        fully_shard(model.blocks[i], mesh=mesh, mp_policy=MixedPrecisionPolicy(
             reduce_dtype=config.reduce_dtype, param_dtype=config.param_dtype))
-    fully_shard(model, mp_policy=MixedPrecisionPolicy(
+    fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(
         reduce_dtype=config.reduce_dtype, param_dtype=config.param_dtype))
     optimizer = config.make_optimizer(model.parameters())
     losses = []
