@@ -12,8 +12,11 @@ The class is the lesson's solution notebook and its wrong variants (tests/varian
    ``--workers`` in parallel);
 
 and prints seconds per submission for 2 and 3, their ratio, and the grader's per-submission
-overhead over bare execution (the mean time one worker spent on a submission minus 1). It also
-checks both graders gave every submission the same scores. Not a test: nothing here asserts
+overhead over bare execution (the mean time one worker spent on a submission minus 1), then a
+table of where that worker time goes (nbgrader's start, the sandbox, kernel start, the grader's
+prelude, the notebook's cells, the graded test cells with their fork and restore, shutdown,
+nbgrader's scoring; stamps written by :func:`grader.execute.record_timing`). It also checks both
+graders gave every submission the same scores. Not a test: nothing here asserts
 timing. On a shared machine the figures move with the load; compare them within one run. Every
 kernel gets the same thread budget (``cores // workers`` BLAS/OpenMP threads, what the grader
 gives each sandbox) unless ``--default-threads``: on a loaded machine torch's default threads
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import shutil
 import tempfile
@@ -64,17 +68,60 @@ def make_class(lesson: str, count: int, dest: Path) -> dict[str, Path]:
     return out
 
 
-def bare_execution(lesson: str) -> float:
-    """Seconds to execute the solution notebook once with nbclient."""
+def bare_execution(lesson: str) -> tuple[float, dict[str, float]]:
+    """Seconds to execute the solution notebook once with nbclient, and its phases."""
     from nbclient import NotebookClient
 
     nb = nbformat.read(REPO_ROOT / "solutions" / lesson / f"{lesson}.ipynb", as_version=4)
     with tempfile.TemporaryDirectory() as tmp:
-        start = time.perf_counter()
-        NotebookClient(
+        client = NotebookClient(
             nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": tmp}}
-        ).execute()
-        return time.perf_counter() - start
+        )
+        start = time.perf_counter()
+        with client.setup_kernel():
+            ready = time.perf_counter()
+            for index, cell in enumerate(nb.cells):
+                client.execute_cell(cell, index)
+            done = time.perf_counter()
+        end = time.perf_counter()
+    phases = {"kernel start": ready - start, "cells": done - ready, "shutdown": end - done}
+    return end - start, phases
+
+
+#: The phases of one submission in a worker, from :func:`grader.execute.record_timing`'s stamps.
+PHASES = [
+    ("nbgrader start (imports, config, gradebook)", "process_start", "preprocess_start"),
+    ("sandbox and runner start", "sandbox_start", "started"),
+    ("runner setup (request, lesson files, imports)", None, "setup"),
+    ("kernel start", None, "kernel_start"),
+    ("grader prelude", None, "prelude"),
+    ("cells before/between tests", None, "notebook"),
+    ("graded test cells (fork, restore, test)", None, "tests"),
+    ("leftover-process sweeps", None, "leftovers"),
+    ("kernel shutdown", None, "shutdown"),
+    ("runner exit, sandbox teardown", "ended", "sandbox_end"),
+    ("nbgrader after execution (scores, files)", "preprocess_end", "exit"),
+]
+
+
+def worker_phases(path: Path, per_submission: float) -> list[tuple[str, float]]:
+    """Mean seconds per submission of each phase in ``path`` (JSON lines, one process each)."""
+    by_pid: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        data = json.loads(line)
+        by_pid.setdefault(data["pid"], {}).update(data)
+    runs = [r for r in by_pid.values() if "exit" in r and "started" in r]
+    if not runs:
+        return []
+    for r in runs:
+        r["notebook"] = r.get("cells", 0.0) - r.get("tests", 0.0) - r.get("leftovers", 0.0)
+    rows = []
+    for name, start, end in PHASES:
+        values = [(r[end] - r[start]) if start else r.get(end, 0.0) for r in runs]
+        rows.append((name, sum(values) / len(values)))
+    lifetime = sum(r["exit"] - r["process_start"] for r in runs) / len(runs)
+    rows.insert(0, ("worker: scan, scratch course, results", per_submission - lifetime))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,8 +166,13 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
-        bare = bare_execution(args.lesson)
-        print(f"bare execution of the solution: {bare:.1f} s", flush=True)
+        bare, bare_phases = bare_execution(args.lesson)
+        print(
+            f"bare execution of the solution: {bare:.1f} s ("
+            + ", ".join(f"{k} {v:.1f} s" for k, v in bare_phases.items())
+            + ")",
+            flush=True,
+        )
 
         start = time.perf_counter()
         plain = autograde_notebooks(args.lesson, subs, tmp / "plain")
@@ -133,9 +185,14 @@ def main(argv: list[str] | None = None) -> int:
             dest = course / "submitted" / student / args.lesson
             dest.mkdir(parents=True)
             shutil.copy2(path, dest / path.name)
+        timing = tmp / "timing.jsonl"
+        os.environ["GRADER_TIMING"] = str(timing)  # grader.execute appends each run's phases
         start = time.perf_counter()
         outcomes = autograde(args.lesson, course, workers=args.workers, mode=mode, progress=False)
         grader_s = time.perf_counter() - start
+        del os.environ["GRADER_TIMING"]
+        per_worker = sum(o.seconds for o in outcomes) / max(1, len(outcomes))
+        phases = worker_phases(timing, per_worker) if timing.is_file() else []
         print(f"this grader ({args.workers} workers): {grader_s:.1f} s", flush=True)
 
     n = len(subs)
@@ -145,8 +202,12 @@ def main(argv: list[str] | None = None) -> int:
         mine = {g: o.scores.get(g, 0.0) for g in theirs}
         if mine != theirs:
             mismatches.append((o.student, theirs, mine))
-    per_worker = sum(o.seconds for o in outcomes) / max(1, len(outcomes))
     print()
+    if phases:
+        print("where one worker's time per submission goes (mean seconds):")
+        for name, seconds in phases:
+            print(f"  {name:<46} {seconds:6.2f}")
+        print()
     print(f"seconds per submission, plain serial nbgrader: {plain_s / n:7.1f}")
     print(f"seconds per submission, this grader:           {grader_s / n:7.1f}")
     print(f"ratio (plain / grader):                        {plain_s / grader_s:7.2f}x")

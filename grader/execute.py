@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
@@ -83,6 +84,7 @@ class SandboxedExecute(Execute):
     """Execute the notebook in the sandbox; see the module docstring."""
 
     def preprocess(self, nb: NotebookNode, resources: dict):  # type: ignore[override]
+        begun = time.time()
         settings = Settings.from_env(os.environ["GRADER_SANDBOX"])
         plain = json.loads(json.dumps(nb))
         # Calibrated per-cell limits (grader/calibrate.py), when autograde passes them.
@@ -104,4 +106,36 @@ class SandboxedExecute(Execute):
                 json.dump(
                     {"events": answer.get("events", []), "cells": cells, "timeouts": timeouts}, fh
                 )
+        if os.environ.get("GRADER_TIMING"):
+            record_timing(os.environ["GRADER_TIMING"], begun, answer.get("timing") or {})
         return nb, resources
+
+
+def process_started() -> float:
+    """When this process started (seconds since the epoch), from ``/proc`` (0.0 elsewhere)."""
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            ticks = int(fh.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/stat", encoding="ascii") as fh:
+            boot = next(int(ln.split()[1]) for ln in fh if ln.startswith("btime"))
+    except (OSError, ValueError, StopIteration, IndexError):
+        return 0.0
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def record_timing(path: str, begun: float, timing: dict) -> None:
+    """Append this nbgrader process's phases to ``path`` (JSON lines; ``grader.benchmark`` reads
+    them): when it started, when the Execute step began and ended, the sandbox's and the runner's
+    stamps, and (at exit) when it ended."""
+    import atexit
+
+    pid = os.getpid()
+    line = {"pid": pid, "process_start": process_started(), "preprocess_start": begun}
+    line.update(timing, preprocess_end=time.time())
+
+    def append(data: dict) -> None:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(data) + "\n")
+
+    append(line)
+    atexit.register(lambda: append({"pid": pid, "exit": time.time()}))

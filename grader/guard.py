@@ -1,60 +1,129 @@
 """In-kernel defences run by the sandboxed executor around a student's notebook.
 
-Two pieces of code are sent to the kernel as silent executions (they never appear in the
-notebook):
+Two pieces of code are sent to the kernel (they never appear in the notebook):
 
-* :data:`PRELUDE`, before any student code: it captures pristine copies of what the graded
-  tests rely on (the ``__dict__`` of ``builtins``, ``torch``, ``torch.testing``, ``torch.Tensor``,
+* :data:`PRELUDE`, a silent execution before any student code, runs :data:`INSTALL` with globals
+  and builtins of its own (names the notebook later defines or replaces never reach it): it
+  installs an audit hook that refuses every later ``sys.addaudithook`` (audit hooks cannot be
+  removed, so none may be added),
+  captures pristine copies of what the graded tests rely on (the ``__dict__`` of ``builtins``,
+  ``torch``, ``torch.testing``, ``torch.nn``, ``torch.nn.functional``, ``torch.Tensor``,
   ``numpy``, ``numpy.testing``, ``math``; the code objects of their Python functions; the import
-  machinery; ``sys.modules`` entries), loads a private copy of ``course.checks`` from its file,
-  removes the working folder from ``sys.path`` and ignores ``SIGXFSZ`` (an oversized write then
-  raises ``OSError`` instead of killing the kernel).
-* :data:`RESTORE`, before every graded test cell: it puts all of that back, reloads
-  ``course.checks`` from a fresh module object, rebinds the check helpers and the module aliases
-  (``torch``, ``np``...) in the notebook's namespace, drops notebook globals that shadow builtins
-  the tests use, and clears trace/profile hooks. Then the test cell runs.
+  machinery; ``sys.modules`` entries; warning filters and ``sys`` hooks), loads a private copy of
+  ``course.checks`` from its file, removes the working folder from ``sys.path``, ignores
+  ``SIGXFSZ`` (an oversized write then raises ``OSError`` instead of killing the kernel) and
+  freezes the objects that exist then out of the garbage collector's view.
+* :data:`TEST_CALL`, sent in place of every graded test cell (the runner substitutes the cell's
+  source): the test runs in a **child of the kernel made by fork()**, which holds only the calling
+  thread. Threads the notebook started (with or without a Python frame), interval timers and the
+  kernel's event loop (asyncio tasks and callbacks) do not exist there; ``atexit`` hooks never run
+  (the child leaves with ``os._exit``). In the child, before the test: ``gc.callbacks`` are
+  emptied, pending garbage is collected (its finalizers and weakref callbacks run now, not during
+  the test) and the collector is switched off; trace and profile hooks (``sys`` and
+  ``threading``, and ``sys.monitoring`` on 3.12+) are cleared; signals are unblocked and every
+  handler reset (``SIGINT`` raises ``KeyboardInterrupt``); a new thread started by a finalizer
+  refuses the test; then everything captured above is put back, keeping every displaced object
+  alive so that no ``__del__`` runs during the restore, torch's function and dispatch modes and
+  global module hooks are removed, and a check that nothing still differs must pass (else the
+  test is not run: ``GraderRestoreFailed``). The child is not dumpable (no ptrace or
+  ``/proc/PID/mem`` from other processes), prints into buffers, and sends its outputs and verdict
+  to the kernel on a pipe with a per-test nonce; the kernel replays the outputs and raises the
+  test's exception (same type name, same traceback lines) if it failed.
 
-Pass/fail is decided from the kernel's ``execute_reply`` status as well as from error outputs
-(nbgrader's Execute preprocessor adds an error output when the reply says ``error``), so hiding
-tracebacks earns nothing. If the restore itself fails (the student broke the import system, say),
-the following test cell is marked as failed without being run.
+The runner reads each test's verdict with the reply (``user_expressions``, evaluated by the
+kernel outside IPython's input transformers): a graded cell counts as passed only when its reply
+is ``ok`` *and* its verdict is ``pass``. Before each graded test cell the runner also kills every
+process the notebook left (it is the subreaper of the kernel's tree). A test cell's side effects
+stay in its child: later cells do not see names it defined (no lesson's cells rely on them).
+
+Where fork() cannot be used (CUDA initialised in the kernel: a child cannot use it), the same
+steps run in the kernel itself, and a test is refused (``GraderRefused``, a status in the CSV)
+while a thread started by the notebook is still alive after a two-second grace.
 
 What this cannot stop: everything here lives in the student's own process. Code that finds the
-restore function (it is stored under a random name, but Python lets one enumerate everything),
+grader's function (it is stored under a random name, but Python lets one enumerate everything),
 rewrites ipykernel's messaging, or inspects the calling test's frame (``sys._getframe``) to call a
 hidden reference implementation is not prevented; :mod:`grader.scan` flags such code for a human.
+Student code that the test itself calls runs during the test, as it must.
 """
 
 from __future__ import annotations
 
-#: Filled in by :func:`prelude` (a random token per run, the file of course/checks.py).
-PRELUDE = r"""
-def _grader_install(token, checks_path):
-    import builtins, importlib.util, math, os, signal, sys, threading, types
+#: The grader's code in the kernel. :func:`prelude` runs it with globals of its own, whose
+#: builtins are a copy taken before any student code: names the notebook defines or builtins it
+#: replaces later never reach it. Module functions it calls are bound here for the same reason.
+INSTALL = r"""
+def _grader_install(token, checks_path, use_fork):
+    import _signal, ast, builtins, ctypes, gc, importlib, io, linecache, marshal, math, os, sys
+    import threading, time, traceback, types, warnings
     import numpy, numpy.testing, torch, torch.testing
+    from IPython.display import publish_display_data
 
+    def refuse_audit_hooks(event, args):
+        # Installed before any student code: audit hooks cannot be removed, so none is added.
+        if event == "sys.addaudithook":
+            raise RuntimeError("the grader allows no audit hooks in a graded notebook")
+
+    sys.addaudithook(refuse_audit_hooks)
     try:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        _signal.signal(_signal.SIGXFSZ, _signal.SIG_IGN)
     except (AttributeError, ValueError):
         pass
     cwd = os.getcwd()
     sys.path[:] = [p for p in sys.path if p not in ("", ".", cwd)]
 
+    # What the grader's own steps call, bound now (C functions: neither rebinding a module
+    # attribute nor replacing a code object later changes them).
+    fork, pipe, read, write, close = os.fork, os.pipe, os.read, os.write, os.close
+    waitpid, kill, exit_now, listdir, getpid = os.waitpid, os.kill, os._exit, os.listdir, os.getpid
+    wifsignaled, wtermsig = os.WIFSIGNALED, os.WTERMSIG
+    to_bytes, from_bytes = marshal.dumps, marshal.loads
+    collect, gc_disable, gc_enable = gc.collect, gc.disable, gc.enable
+    gc_callbacks, gc_garbage = gc.callbacks, gc.garbage
+    settrace, setprofile, gettrace, getprofile = (
+        sys.settrace, sys.setprofile, sys.gettrace, sys.getprofile)
+    current_frames, sys_modules = sys._current_frames, sys.modules
+    set_signal, setitimer, set_wakeup_fd = _signal.signal, _signal.setitimer, _signal.set_wakeup_fd
+    sigmask = getattr(_signal, "pthread_sigmask", None)
+    SIG_DFL, SIG_IGN = _signal.SIG_DFL, _signal.SIG_IGN
+    StringIO, monotonic, sleep = io.StringIO, time.monotonic, time.sleep
+    import_module = importlib.import_module
+    format_exception, line_cache = traceback.format_exception, linecache.cache
+    Expr, Expression, ONLY_AST = ast.Expr, ast.Expression, ast.PyCF_ONLY_AST
+    enumerate_threads, get_ident = threading.enumerate, threading.get_ident
+    tc = torch._C
+    fn_modes, pop_fn_mode = tc._len_torch_function_stack, tc._pop_torch_function_stack
+    dispatch_modes, pop_dispatch_mode = tc._len_torch_dispatch_stack, tc._pop_torch_dispatch_stack
+    cuda_initialized = getattr(tc, "_cuda_isInitialized", lambda: False)
+    set_num_threads, set_default_dtype, set_grad = (
+        torch.set_num_threads, torch.set_default_dtype, torch.set_grad_enabled)
+    default_dtype = torch.get_default_dtype()
+    try:
+        prctl = ctypes.CDLL(None).prctl
+    except (OSError, AttributeError):
+        prctl = None
+    type_set, type_del = type.__setattr__, type.__delattr__
+
+    with open(checks_path, "rb") as fh:
+        checks_code = compile(fh.read(), checks_path, "exec", dont_inherit=True)
+
     def load_checks():
-        spec = importlib.util.spec_from_file_location("course.checks", checks_path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        # A fresh course.checks from the code compiled above (no file or loader involved).
+        module = types.ModuleType("course.checks")
+        module.__file__, module.__package__ = checks_path, "course"
+        sys_modules["course.checks"] = module
+        exec(checks_code, module.__dict__)
         return module
 
     checks = load_checks()
     grading = (checks._GRADING_KEY, checks._STUDENT_ID)  # popped from the environment just now
     import course
-    sys.modules["course.checks"] = checks
     course.checks = checks
 
+    module_mod = torch.nn.modules.module
     modules = {m.__name__: m for m in (builtins, math, numpy, numpy.testing, torch,
-                                        torch.testing, sys.modules["torch.nn"],
-                                        sys.modules["torch.nn.functional"], course)}
+                                        torch.testing, sys_modules["torch.nn"],
+                                        sys_modules["torch.nn.functional"], course, warnings)}
     classes = [torch.Tensor, numpy.ndarray.__mro__[0]]
     snap_dicts = {}
     for m in modules.values():
@@ -68,9 +137,6 @@ def _grader_install(token, checks_path):
             if isinstance(f, types.FunctionType):
                 codes.append((f, f.__code__, f.__defaults__, f.__kwdefaults__))
     meta_path, path_hooks = list(sys.meta_path), list(sys.path_hooks)
-    set_attr = object.__setattr__
-    type_set = type.__setattr__
-    type_del = type.__delattr__
     aliases = {"torch": "torch", "np": "numpy", "numpy": "numpy", "math": "math",
                "nn": "torch.nn", "F": "torch.nn.functional", "course": "course"}
     sensitive = ("isinstance", "issubclass", "type", "len", "print", "float", "int", "bool",
@@ -78,68 +144,408 @@ def _grader_install(token, checks_path):
                  "any", "min", "max", "sum", "hasattr", "getattr", "callable", "round",
                  "enumerate", "Exception", "AssertionError", "ValueError", "TypeError",
                  "RuntimeError", "__import__")
+    warn_filters = warnings.filters
+    warn_filters_now = list(warn_filters)
+    sys_hooks = {n: getattr(sys, n) for n in ("excepthook", "unraisablehook", "breakpointhook")}
+    module_hooks = {n: v for n, v in vars(module_mod).items()
+                    if n.startswith("_global_") and isinstance(v, dict)}
 
     from IPython import get_ipython
     shell = get_ipython()
+    start_threads = set(current_frames()) | {t.ident for t in enumerate_threads()}
+    catchable = [s for s in _signal.valid_signals() if s not in (_signal.SIGKILL, _signal.SIGSTOP)]
+    signal_reset = {_signal.SIGINT: _signal.default_int_handler, _signal.SIGPIPE: SIG_IGN,
+                    _signal.SIGXFSZ: SIG_IGN}
+    kernel_handlers = {s: _signal.getsignal(s) for s in catchable}
+    kernel_handlers = {s: h for s, h in kernel_handlers.items() if h is not None}
+    itimers = [_signal.ITIMER_REAL, _signal.ITIMER_VIRTUAL, _signal.ITIMER_PROF]
 
-    def restore():
+    def restore(keep):
+        # ``keep`` holds every object this displaces, so that none of them is freed (and no
+        # ``__del__`` or weakref callback of the notebook's runs) while the restore is under way.
         user_ns = shell.user_ns
-        sys.settrace(None)
-        sys.setprofile(None)
-        threading.settrace(None)
+        keep.append((list(sys.meta_path), list(sys.path_hooks)))
         sys.meta_path[:] = meta_path
         sys.path_hooks[:] = path_hooks
         for m, d in snap_dicts.values():
-            sys.modules[m.__name__] = m
+            keep.append(sys_modules.get(m.__name__))
+            sys_modules[m.__name__] = m
             cur = vars(m)
+            keep.append(dict(cur))
+            for k in [k for k in cur if type(k) is not str]:
+                del cur[k]
             for k, v in d.items():
                 if cur.get(k, d) is not v:
                     cur[k] = v
         for c, d in class_dicts:
             cur = vars(c)
+            keep.append(dict(cur))
             for k in [k for k in cur if k not in d]:
                 type_del(c, k)
             for k, v in d.items():
                 if cur.get(k, d) is not v:
                     type_set(c, k, v)
         for f, code, defaults, kwdefaults in codes:
+            keep.append((f.__code__, f.__defaults__, f.__kwdefaults__))
             if f.__code__ is not code:
                 f.__code__ = code
             f.__defaults__ = defaults
             f.__kwdefaults__ = kwdefaults
+        keep.append((sys_modules.get("course.checks"), dict(user_ns)))
         fresh = load_checks()
         fresh._GRADING_KEY, fresh._STUDENT_ID = grading
-        sys.modules["course.checks"] = fresh
         course.checks = fresh
         for name in dir(fresh):
             if name.startswith("check") or name in ("CheckFailed", "require_tensor"):
                 user_ns[name] = getattr(fresh, name)
         for name, target in aliases.items():
-            if name in user_ns and user_ns[name] is not sys.modules[target]:
-                user_ns[name] = sys.modules[target]
+            if name in user_ns and user_ns[name] is not sys_modules[target]:
+                user_ns[name] = sys_modules[target]
         for name in sensitive:
             if name in user_ns and user_ns[name] is not getattr(builtins, name):
                 del user_ns[name]
         if "__builtins__" in user_ns and user_ns["__builtins__"] is not builtins:
             user_ns["__builtins__"] = builtins
-        return token
+        warnings.filters = warn_filters
+        warn_filters[:] = warn_filters_now
+        getattr(warnings, "_filters_mutated", lambda: None)()
+        for name, value in sys_hooks.items():
+            keep.append(getattr(sys, name, None))
+            setattr(sys, name, value)
+        torch_globals(keep)
+        return fresh
 
-    setattr(sys, "_grader_" + token, restore)
+    def torch_globals(keep):
+        # Interceptors that torch calls on its own during a test: function and dispatch modes,
+        # global module hooks; and the defaults a test's references are computed with.
+        for _ in range(64):
+            if not fn_modes():
+                break
+            keep.append(pop_fn_mode())
+        for _ in range(64):
+            if not dispatch_modes():
+                break
+            keep.append(pop_dispatch_mode(None))
+        for name, hooks in module_hooks.items():
+            keep.append((vars(module_mod).get(name), dict(hooks)))
+            setattr(module_mod, name, hooks)
+            hooks.clear()
+        set_default_dtype(default_dtype)
+        set_grad(True)
+
+    def pristine():
+        # What the restore should have left: a name per difference (empty when all is well).
+        bad = [m.__name__ for m, d in snap_dicts.values()
+               if sys_modules.get(m.__name__) is not m
+               or any(vars(m).get(k, d) is not v for k, v in d.items()
+                      if m is not course or k != "checks")]
+        bad += [c.__name__ for c, d in class_dicts
+                if any(vars(c).get(k, d) is not v for k, v in d.items())]
+        bad += [f.__qualname__ for f, code, _, _ in codes if f.__code__ is not code]
+        bad += [n for n, v in sys_hooks.items() if getattr(sys, n, None) is not v]
+        if gettrace() is not None or getprofile() is not None:
+            bad.append("trace/profile hooks")
+        return bad
+
+    def quiesce_signals(handlers):
+        try:
+            sigmask(_signal.SIG_SETMASK, ())
+        except (TypeError, OSError, ValueError):
+            pass
+        for timer in itimers:
+            try:
+                setitimer(timer, 0)
+            except (OSError, ValueError):
+                pass
+        try:
+            set_wakeup_fd(-1)
+        except (ValueError, OSError):
+            pass
+        for sig in catchable:
+            try:
+                set_signal(sig, handlers.get(sig, SIG_DFL))
+            except (OSError, ValueError, RuntimeError, TypeError):
+                pass
+
+    def clear_hooks():
+        settrace(None)
+        setprofile(None)
+        threading._trace_hook = threading._profile_hook = None
+        monitoring = getattr(sys, "monitoring", None)
+        if monitoring is not None:  # Python 3.12+
+            for tool in range(6):
+                try:
+                    monitoring.set_events(tool, 0)
+                    monitoring.free_tool_id(tool)
+                except (ValueError, RuntimeError):
+                    pass
+
+    def collect_garbage(keep):
+        # Finalizers and weakref callbacks of the notebook's garbage run now, before the
+        # restore, never during the test; then the collector stays off until the test ends.
+        keep.append(list(gc_callbacks))
+        gc_callbacks.clear()
+        for _ in range(20):
+            if not collect():
+                break
+        gc_disable()
+        keep.append(list(gc_garbage))
+        gc_callbacks.clear()
+
+    def foreign_threads():
+        frames = current_frames()
+        mine = get_ident()
+        return sorted(t for t in set(frames) | {t.ident for t in enumerate_threads()}
+                      if t not in start_threads and t != mine and t is not None)
+
+    def os_threads():
+        try:
+            return len(listdir("/proc/self/task"))
+        except OSError:
+            return 1
+
+    def compile_test(text, label):
+        # Graded test cells are plain Python (no magics): compiled here, not by IPython.
+        line_cache[label] = (len(text), None, text.splitlines(True), label)
+        tree = compile(text, label, "exec", ONLY_AST, dont_inherit=True)
+        last = None
+        if tree.body and isinstance(tree.body[-1], Expr):
+            last = Expression(tree.body.pop().value)
+        return compile(tree, label, "exec"), (compile(last, label, "eval") if last else None)
+
+    def run_code(code, last, user_ns):
+        exec(code, user_ns)
+        return eval(last, user_ns) if last is not None else None
+
+    def prepare(keep, handlers):
+        # Everything a test cell relies on, put back; None when that worked, else why not.
+        collect_garbage(keep)
+        clear_hooks()
+        quiesce_signals(handlers)
+        fresh = restore(keep)
+        for _ in range(3):
+            bad = pristine()
+            if not bad:
+                return fresh, None
+            fresh = restore(keep)
+        return fresh, "still changed after the restore: " + ", ".join(bad[:5])
+
+    class Refused(Exception):
+        pass
+
+    class RestoreFailed(Exception):
+        pass
+
+    Refused.__name__ = Refused.__qualname__ = "GraderRefused"
+    RestoreFailed.__name__ = RestoreFailed.__qualname__ = "GraderRestoreFailed"
+
+    def plain(data):
+        # What marshal can carry of a display's mime bundle (text values only).
+        return {str(k): v for k, v in dict(data or {}).items() if type(v) is str}
+
+    def child_main(write_fd, source, label, nonce):
+        record = {"nonce": nonce, "outcome": "fail", "stdout": "", "stderr": "", "displays": []}
+        keep = []
+        begun = monotonic()
+        try:
+            if prctl is not None:
+                prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0: no ptrace, no /proc/PID/mem
+            fresh, problem = prepare(keep, signal_reset)
+            if problem:
+                record.update(outcome="restore-failed", why=problem)
+                raise RestoreFailed(problem)
+            if os_threads() > 1:
+                why = "the notebook's objects started a thread while being collected"
+                record.update(outcome="refused", why=why)
+                raise Refused(why)
+            record["prepare_s"] = monotonic() - begun
+            set_num_threads(1)  # OpenMP's pool does not survive fork()
+            out, err, displays = StringIO(), StringIO(), record["displays"]
+            sys.stdout, sys.stderr = out, err
+            shell.display_pub.publish = (
+                lambda data, metadata=None, *a, **k: displays.append([plain(data), {}]))
+            before = set(sys_modules)
+            try:
+                code, last = compile_test(source, label)
+                value = run_code(code, last, shell.user_ns)
+                if value is not None:
+                    record["result"] = str(repr(value))
+                record["outcome"] = "pass"
+            except BaseException as exc:
+                tb = exc.__traceback__
+                while tb is not None and tb.tb_frame.f_code.co_filename != label:
+                    tb = tb.tb_next
+                record.update(ename=str(type(exc).__name__), evalue=str(exc))
+                record["traceback"] = [str(t) for t in format_exception(type(exc), exc, tb)]
+            finally:
+                record["stdout"], record["stderr"] = str(out.getvalue()), str(err.getvalue())
+                record["imported"] = [str(n) for n in sys_modules if n not in before][:5000]
+        except BaseException as exc:
+            record.setdefault("why", f"{type(exc).__name__}: {exc}")
+        try:
+            data = to_bytes(record)
+        except ValueError:
+            record.update(displays=[], result=None)
+            data = to_bytes(record)
+        try:
+            while data:
+                data = data[write(write_fd, data[:65536]):]
+        finally:
+            exit_now(0 if record["outcome"] == "pass" else 1)
+
+    def in_child(source, label, nonce):
+        read_fd, write_fd = pipe()
+        pid = fork()
+        if pid == 0:
+            try:
+                close(read_fd)
+                child_main(write_fd, source, label, nonce)
+            finally:
+                exit_now(1)
+        close(write_fd)
+        chunks = []
+        status = -1
+        try:
+            while True:
+                chunk = read(read_fd, 65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            _, status = waitpid(pid, 0)
+        except BaseException:
+            try:
+                kill(pid, _signal.SIGKILL)
+                waitpid(pid, 0)
+            except OSError:
+                pass
+            raise
+        finally:
+            close(read_fd)
+        try:
+            record = from_bytes(b"".join(chunks))
+        except (ValueError, EOFError, TypeError):
+            record = None
+        if type(record) is not dict or record.get("nonce") != nonce:
+            why = "the test's process ended without a verdict"
+            if status != -1 and wifsignaled(status):
+                why += f" (killed by signal {wtermsig(status)})"
+            record = {"outcome": "fail", "ename": "TestProcessDied", "evalue": why,
+                      "traceback": [f"TestProcessDied: {why}"]}
+        elif record.get("outcome") == "pass" and status != 0:
+            record.update(outcome="fail", ename="TestProcessDied",
+                          evalue=f"the test's process exited with status {status}",
+                          traceback=["TestProcessDied: the test's process did not exit cleanly"])
+        if record.get("stdout"):
+            sys.stdout.write(record["stdout"])
+            sys.stdout.flush()
+        if record.get("stderr"):
+            sys.stderr.write(record["stderr"])
+            sys.stderr.flush()
+        for data, metadata in record.get("displays", []):
+            publish_display_data(data, metadata)
+        # What the test imported on first use, imported here too: later children inherit it
+        # instead of paying for it again (a kernel running its tests itself pays once).
+        for name in record.get("imported") or ():
+            if type(name) is str and name not in sys_modules:
+                try:
+                    import_module(name)
+                except Exception:
+                    pass
+        return record
+
+    def in_kernel(source, label, nonce):
+        # Used where fork() cannot be (CUDA initialised): the same steps in the kernel itself,
+        # and a test that never runs while a thread the notebook started is alive.
+        keep = []
+        deadline = monotonic() + 2
+        while foreign_threads() and monotonic() < deadline:
+            sleep(0.05)
+        if foreign_threads():
+            return {"outcome": "refused",
+                    "why": f"{len(foreign_threads())} thread(s) started by the notebook still "
+                           "running (with CUDA in use the test cannot run apart from them)"}
+        fresh, problem = prepare(keep, kernel_handlers)
+        if problem:
+            return {"outcome": "restore-failed", "why": problem}
+        try:
+            code, last = compile_test(source, label)
+            value = run_code(code, last, shell.user_ns)
+        finally:
+            gc_enable()
+        return {"outcome": "pass", "value": value}
+
+    verdicts = {}
+
+    class Shown:
+        def __init__(self, text):
+            self.text = text
+
+        def __repr__(self):
+            return self.text
+
+    def run_test(source, index, nonce):
+        label = f"<test cell {index}>"
+        verdicts[nonce] = "fail"
+        if cuda_initialized() or not use_fork:
+            record = in_kernel(source, label, nonce)
+        else:
+            record = in_child(source, label, nonce)
+        outcome = record.get("outcome", "fail")
+        verdicts[nonce] = outcome if type(outcome) is str else "fail"
+        if outcome == "refused":
+            raise Refused(record.get("why", ""))
+        if outcome == "restore-failed":
+            raise RestoreFailed(record.get("why", ""))
+        if outcome != "pass":
+            lines = [str(t) for t in record.get("traceback") or []]
+            name = str(record.get("ename") or "TestFailed")
+            if not name.isidentifier():
+                name = "TestFailed"
+            raise type(name, (Exception,), {"_render_traceback_": lambda self: lines})(
+                str(record.get("evalue", "")))
+        if "value" in record:
+            return record["value"]
+        return Shown(record["result"]) if record.get("result") is not None else None
+
+    def verdict(nonce):
+        return verdicts.pop(nonce, "none")
+
+    gc.freeze()  # what exists now is the kernel's: later collections look at the notebook's only
+    setattr(sys, "_grader_" + token, types.SimpleNamespace(test=run_test, verdict=verdict))
 
 
-_grader_install(__TOKEN__, __CHECKS__)
-del _grader_install
+_grader_install(__TOKEN__, __CHECKS__, __FORK__)
 """
 
-#: Filled in by :func:`restore`. Its reply status must be ``ok`` for the next test cell to run.
-RESTORE = 'getattr(__import__("sys"), "_grader_" + __TOKEN__)()\n'
+#: Runs :data:`INSTALL` with globals of its own; it is sent before any student code runs.
+PRELUDE = (
+    "exec(compile(__INSTALL__, '<grader>', 'exec'), "
+    "{'__builtins__': dict(vars(__import__('builtins'))), '__name__': '_grader'})\n"
+)
+
+#: Filled in by :func:`test_call`: the source the kernel runs in place of a graded test cell.
+TEST_CALL = (
+    'getattr(__import__("sys"), "_grader_" + __TOKEN__).test(__SOURCE__, __INDEX__, __NONCE__)\n'
+)
+
+#: Filled in by :func:`verdict_expression`: read back with the test cell's reply.
+VERDICT = 'getattr(__import__("sys"), "_grader_" + __TOKEN__).verdict(__NONCE__)'
 
 
-def prelude(token: str, checks_path: str) -> str:
-    """The prelude's source for this run."""
-    return PRELUDE.replace("__TOKEN__", repr(token)).replace("__CHECKS__", repr(checks_path))
+def prelude(token: str, checks_path: str, fork: bool = True) -> str:
+    """The prelude's source for this run (``fork=False``: tests run in the kernel itself, as
+    where CUDA is initialised; for the tests of that path)."""
+    install = INSTALL.replace("__TOKEN__", repr(token)).replace("__CHECKS__", repr(checks_path))
+    install = install.replace("__FORK__", repr(bool(fork)))
+    return PRELUDE.replace("__INSTALL__", repr(install))
 
 
-def restore(token: str) -> str:
-    """The restore call's source for this run."""
-    return RESTORE.replace("__TOKEN__", repr(token))
+def test_call(token: str) -> str:
+    """The template of a graded test cell's replacement (``__SOURCE__``, ``__INDEX__`` and
+    ``__NONCE__`` are filled in by the runner, which imports nothing from here)."""
+    return TEST_CALL.replace("__TOKEN__", repr(token))
+
+
+def verdict_expression(token: str) -> str:
+    """The template of the expression whose value is a test cell's verdict (``__NONCE__``)."""
+    return VERDICT.replace("__TOKEN__", repr(token))

@@ -2,16 +2,25 @@
 
 Run as ``python -I runner.py``. It reads one JSON request on stdin::
 
-    {"nb": <notebook>, "graded": [cell indices], "prelude": str, "restore": str,
-     "cell_timeout": s, "notebook_timeout": s, "max_output": bytes, "lesson_files": dir | null}
+    {"nb": <notebook>, "graded": [cell indices], "prelude": str, "test_call": str,
+     "verdict": str, "cell_timeout": s, "notebook_timeout": s, "max_output": bytes,
+     "lesson_files": dir | null}
 
 and writes one JSON answer on the stdout it was started with::
 
-    {"cells": [{"index", "outputs", "execution_count", "status"}], "events": [str]}
+    {"cells": [{"index", "outputs", "execution_count", "status"}], "events": [str],
+     "timing": {phase: seconds, ...}}
+
+Each graded test cell is sent as ``test_call`` with the cell's source, its index and a fresh
+nonce filled in (the kernel runs the test in a fork of itself, see ``grader/guard.py``), with
+``verdict`` as a user expression read back with the reply; before it, every process the
+notebook left is killed (this runner is the subreaper of the kernel's tree).
 
 ``status`` is the kernel's execute_reply status (``ok``/``error``/``aborted``) or ``timeout``,
-``dead`` (the kernel died), ``not-run`` (after the notebook's time ran out or the kernel died) or
-``guard-failed`` (the restore before a graded test cell did not succeed: the cell is not run).
+``dead`` (the kernel died), ``not-run`` (after the notebook's time ran out or the kernel died),
+``guard-failed`` (the restore before a graded test did not succeed: the test is not run),
+``refused`` (a thread the notebook started was alive where the test could not run apart from it)
+or ``no-verdict`` (the reply said ``ok`` but the grader's verdict for the test was not a pass).
 An optional ``"cell_timeouts": {index: s}`` in the request overrides ``cell_timeout`` per cell;
 each executed cell's answer also has ``seconds`` (its run time) and ``limit`` (the one applied).
 
@@ -22,9 +31,12 @@ cannot read its memory or file descriptors through /proc or ptrace) and points f
 
 import asyncio
 import ctypes
+import functools
 import json
 import os
+import secrets
 import shutil
+import signal
 import sys
 import time
 
@@ -34,7 +46,9 @@ DEVNULL = os.open(os.devnull, os.O_RDWR)
 def _harden() -> int:
     """Keep the answer channel private; returns the fd to write the answer to."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans of the kernel come here
     except (OSError, AttributeError):
         pass
     answer = os.dup(1)  # non-inheritable (PEP 446)
@@ -53,7 +67,80 @@ def _error(ename: str, evalue: str) -> dict:
     }
 
 
-async def _run(request: dict, events: list) -> list:
+def _processes() -> dict[int, tuple[int, str]]:
+    """``{pid: (parent pid, state)}`` of every process this one can see in ``/proc``."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        found[int(name)] = (int(fields[1]), fields[0].decode())
+    return found
+
+
+def _kill_leftovers(kernel: int | None) -> int:
+    """Kill every process below this runner except the kernel; returns how many there were.
+
+    The runner is the subreaper of the kernel's tree, so a child that detached itself (double
+    fork, ``setsid``) is still found here. Repeated until none is left (a fork bomb refills).
+    """
+    me = os.getpid()
+    killed: set[int] = set()
+    if kernel is None:  # without the kernel's pid nothing can be told apart: kill nothing
+        return 0
+    for _ in range(50):
+        procs = _processes()
+        below = set()
+        for pid in procs:
+            seen, cur = set(), pid
+            while cur in procs and cur not in seen and cur not in (me, 0, 1):
+                seen.add(cur)
+                cur = procs[cur][0]
+            if cur == me and pid not in (me, kernel):
+                below.add(pid)
+        alive = {p for p in below if procs[p][1] != "Z"}
+        for pid in below:
+            if procs[pid][0] == me and procs[pid][1] == "Z":
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+        if not alive:
+            break
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        killed |= alive
+        time.sleep(0.01)
+    return len(killed)
+
+
+def _test_status(status: str, expressions: dict, outputs: list) -> str:
+    """A graded test cell's status: ``ok`` only if the grader's own verdict for it is a pass."""
+    if status != "ok":
+        names = {o.get("ename") for o in outputs if o.get("output_type") == "error"}
+        if "GraderRefused" in names:
+            return "refused"
+        if "GraderRestoreFailed" in names:
+            return "guard-failed"
+        return status
+    got = expressions.get("verdict") or {}
+    verdict = str((got.get("data") or {}).get("text/plain", "")).strip("'\"")
+    if got.get("status") == "ok" and verdict == "pass":
+        return "ok"
+    outputs.append(
+        _error("GraderNoVerdict", f"the grader's test did not report a pass ({verdict or got})")
+    )
+    return "no-verdict"
+
+
+async def _run(request: dict, events: list, timing: dict) -> list:
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -79,8 +166,11 @@ async def _run(request: dict, events: list) -> list:
                 return None
             return super().output(outs, msg, display_id, cell_index)
 
+    expressions: dict = {}
+
     def on_executed(cell, cell_index, execute_reply):
         statuses[cell_index] = execute_reply["content"].get("status", "error")
+        expressions[cell_index] = execute_reply["content"].get("user_expressions") or {}
 
     client = Client(
         nb,
@@ -113,13 +203,20 @@ async def _run(request: dict, events: list) -> list:
 
     results = []
     dead = False
+    tick = time.monotonic()
+    timing["setup"] = tick - timing.pop("clock")  # stdin, lesson files, imports
     async with client.async_setup_kernel():
+        timing["kernel_start"] = time.monotonic() - tick
+        tick = time.monotonic()
         try:
             status = await hidden(request["prelude"], 120)
         except Exception as exc:  # noqa: BLE001
             status = f"error ({type(exc).__name__})"
         if status != "ok":
             events.append(f"grader prelude failed: {status}")
+        timing["prelude"] = time.monotonic() - tick
+        plain_execute = client.kc.execute
+        tick = time.monotonic()
         for index, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
                 continue
@@ -136,30 +233,24 @@ async def _run(request: dict, events: list) -> list:
                     }
                 )
                 continue
-            if index in graded:
-                try:
-                    guard = await hidden(request["restore"], min(30, remaining))
-                except Exception as exc:  # noqa: BLE001
-                    guard = f"error ({type(exc).__name__})"
-                    dead = not await client.km.is_alive()
-                if guard != "ok":
-                    events.append(f"cell {index}: grader restore failed ({guard}); not run")
-                    cell.outputs = [
-                        _error(
-                            "GraderRestoreFailed",
-                            "the grader could not restore the test environment before this test "
-                            "(was torch, course.checks or the import system changed?); not run",
-                        )
-                    ]
-                    results.append(
-                        {
-                            "index": index,
-                            "outputs": cell.outputs,
-                            "execution_count": None,
-                            "status": "guard-failed",
-                        }
-                    )
-                    continue
+            test = index in graded
+            if test:
+                # Processes the notebook left behind do not outlive its cells into a test.
+                tick = time.monotonic()
+                killed = _kill_leftovers(getattr(client.km.provisioner, "pid", None))
+                timing["leftovers"] += time.monotonic() - tick
+                if killed:
+                    events.append(f"cell {index}: stopped {killed} process(es) left running")
+                nonce = secrets.token_hex(8)
+                source = cell.source
+                cell.source = (
+                    request["test_call"]
+                    .replace("__SOURCE__", repr(source))
+                    .replace("__INDEX__", str(index))
+                    .replace("__NONCE__", repr(nonce))
+                )
+                asked = {"verdict": request["verdict"].replace("__NONCE__", repr(nonce))}
+                client.kc.execute = functools.partial(plain_execute, user_expressions=asked)
                 remaining = deadline - time.monotonic()
             # A calibrated per-cell limit (grader/calibrate.py) where one is given.
             limits = request.get("cell_timeouts") or {}
@@ -170,6 +261,8 @@ async def _run(request: dict, events: list) -> list:
             try:
                 await client.async_execute_cell(cell, index)
                 status = statuses.get(index, "error")
+                if test:
+                    status = _test_status(status, expressions.pop(index, {}), cell.outputs)
             except CellTimeoutError:
                 status = "timeout"
                 cell.outputs.append(_error("CellTimeoutError", "the cell ran past its time limit"))
@@ -181,6 +274,11 @@ async def _run(request: dict, events: list) -> list:
                 status = "error"
                 cell.outputs.append(_error(type(exc).__name__, str(exc)[:500]))
                 dead = not await client.km.is_alive()
+            finally:
+                if test:
+                    cell.source = source
+                    client.kc.execute = plain_execute
+                    timing["tests"] += time.monotonic() - started
             if statuses.get(index) == "error" and not any(
                 o.get("output_type") == "error" for o in cell.outputs
             ):
@@ -199,10 +297,14 @@ async def _run(request: dict, events: list) -> list:
                     "limit": client.timeout,
                 }
             )
+        timing["cells"] = time.monotonic() - tick
+        tick = time.monotonic()
+    timing["shutdown"] = time.monotonic() - tick
     return results
 
 
 def run() -> None:
+    started, clock = time.time(), time.monotonic()
     raw = sys.stdin.buffer.read()
     answer = _harden()
     request = json.loads(raw)
@@ -218,12 +320,14 @@ def run() -> None:
             elif not name.endswith(".ipynb"):
                 shutil.copy(path, name)
     events: list = []
+    timing: dict = {"started": started, "clock": clock, "leftovers": 0.0, "tests": 0.0}
     try:
-        cells = asyncio.run(_run(request, events))
+        cells = asyncio.run(_run(request, events, timing))
     except Exception as exc:  # noqa: BLE001 - reported to the grader, which fails the notebook
         events.append(f"runner failed: {type(exc).__name__}: {exc}")
         cells = []
-    data = json.dumps({"cells": cells, "events": events}).encode()
+    timing["ended"] = time.time()
+    data = json.dumps({"cells": cells, "events": events, "timing": timing}).encode()
     with os.fdopen(answer, "wb") as out:
         out.write(data)
 

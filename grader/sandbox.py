@@ -25,6 +25,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -66,6 +67,8 @@ class Settings:
     mode: str = "bwrap"  # or "unsandboxed"
     slot: int = 0
     lesson_files: str | None = None
+    #: run graded test cells in a fork of the kernel (False: in the kernel, as with CUDA)
+    fork: bool = True
     #: ``COURSE_GRADING_KEY``/``COURSE_STUDENT_ID`` for the kernel (:func:`grader.keys.kernel_env`).
     kernel_env: dict[str, str] = field(default_factory=dict)
 
@@ -80,16 +83,19 @@ class Settings:
         return cls(**data)
 
 
-def _checks_path() -> str:
-    import course.checks
-
-    return str(Path(course.checks.__file__).resolve())
-
-
 def _course_dir() -> Path:
-    import course
+    """The installed ``course`` package's folder, found without importing it (which would import
+    torch into every nbgrader process: seconds per submission)."""
+    import importlib.util
 
-    return Path(course.__file__).resolve().parent
+    spec = importlib.util.find_spec("course")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the course package is not importable")
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
+
+
+def _checks_path() -> str:
+    return str(_course_dir() / "checks.py")
 
 
 @functools.cache
@@ -247,7 +253,9 @@ def bwrap_command(settings: Settings, python: str = sys.executable) -> list[str]
     for key, value in _env(limits, home).items():
         cmd += ["--setenv", key, value]
     if os.geteuid() == 0:
-        uid = str(200000 + settings.slot)
+        # One uid per slot (rlimits on processes count per uid). GRADER_UID_BASE moves the range
+        # for a second grading run on the same machine, so the two never share a uid.
+        uid = str(int(os.environ.get("GRADER_UID_BASE", "200000")) + settings.slot)
         cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
     else:
         cmd[1:1] = ["--unshare-user"]
@@ -272,8 +280,9 @@ def execute(
     request = {
         "nb": nb,
         "graded": graded,
-        "prelude": guard.prelude(token, _checks_path()),
-        "restore": guard.restore(token),
+        "prelude": guard.prelude(token, _checks_path(), fork=settings.fork),
+        "test_call": guard.test_call(token),
+        "verdict": guard.verdict_expression(token),
         "cell_timeout": limits.cell_timeout,
         "notebook_timeout": limits.notebook_timeout,
         "max_output": limits.max_output,
@@ -301,6 +310,7 @@ def execute(
         cmd = _prlimit(limits) + [sys.executable, "-I", str(RUNNER)]
     else:
         raise ValueError(f"unknown sandbox mode {settings.mode!r}")
+    begun = time.time()
     try:
         proc = subprocess.run(
             cmd,
@@ -324,4 +334,6 @@ def execute(
             "cells": [],
             "events": [f"the sandbox gave no answer (exit {proc.returncode}) {err}"],
         }
+    if isinstance(answer.get("timing"), dict):
+        answer["timing"].update(sandbox_start=begun, sandbox_end=time.time())
     return answer

@@ -33,7 +33,19 @@ PATTERNS: list[tuple[str, str]] = [
     ("always-equal", r"def __eq__"),
     ("reads-grader-files", r"gradebook|solutions/|/autograded|/submitted|\.grader"),
     ("history", r"\b_ih\b|\bIn\[|\b_i\d"),
-    ("processes", r"os\.fork|subprocess|multiprocessing"),
+    ("processes", r"os\.fork|subprocess|multiprocessing|Popen|setsid"),
+    # Code that outlives its cell. The tests run apart from it (grader/guard.py); these flags only
+    # let a person see that a submission left something running.
+    ("threads", r"\bthreading\b|\b_thread\b|Thread\(|concurrent\.futures"),
+    ("signals", r"\bsignal\.(signal|setitimer|alarm|pthread_kill|set_wakeup_fd)"),
+    (
+        "hooks",
+        r"addaudithook|\batexit\b|gc\.callbacks|weakref\.|def __del__|sys\.monitoring|"
+        r"set(trace|profile)\(",
+    ),
+    ("event-loop", r"\basyncio\b|call_soon|call_later|ensure_future|create_task"),
+    ("ctypes", r"\bctypes\b|pythonapi"),
+    ("grader-internals", r"_grader|input_transformers|ast_transformers"),
 ]
 
 

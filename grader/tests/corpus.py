@@ -108,6 +108,175 @@ def _strip_metadata(nb, ctx):
     return nb
 
 
+def cheats(**sources: str):
+    """Several solution cells at once (grade id -> source)."""
+
+    def build(nb, ctx):
+        for grade_id, source in sources.items():
+            _cell(nb, grade_id).source = source
+        return nb
+
+    return build
+
+
+#: Puts the grading's dependencies out of order: every comparison passes, every check is silent.
+#: The leftovers below call it while the tests run.
+PATCH_ALL = """import builtins as _b, numpy as _np, torch as _t, course.checks as _cc
+def _patch(*_a, **_k):
+    _yes, _none = (lambda *a, **k: True), (lambda *a, **k: None)
+    _t.allclose = _t.equal = _yes
+    _t.testing.assert_close = _np.testing.assert_allclose = _none
+    _ns = get_ipython().user_ns
+    for _m in (_cc, _b.__import__("sys").modules["course.checks"]):
+        for _n in ("check", "check_equal", "check_tensor_equal", "check_close"):
+            setattr(_m, _n, _none)
+    for _n in ("check", "check_equal", "check_tensor_equal", "check_close"):
+        _ns[_n] = _none
+"""
+
+
+def leftover(trick: str):
+    """``trick`` (which calls ``_patch`` while tests run) plus wrong code for all three exercises:
+    whatever it earns, the grader gave away."""
+    return cheats(double=PATCH_ALL + trick + "\n" + D_CHEAT, halve=H_CHEAT, triple=T_CHEAT)
+
+
+THREAD = """import threading, time
+def _loop():
+    while True:
+        _patch()
+        time.sleep(0.0002)
+threading.Thread(target=_loop, daemon=True).start()
+"""
+
+#: A thread with no Python frame: a C loop that re-binds ``torch.allclose`` and sleeps.
+C_THREAD = """import _thread, collections, itertools, time
+_it = itertools
+_thread.start_new_thread(collections.deque, (zip(
+    map(setattr, _it.repeat(torch), _it.repeat("allclose"), _it.repeat(lambda *a, **k: True)),
+    map(setattr, _it.repeat(torch.testing), _it.repeat("assert_close"),
+        _it.repeat(lambda *a, **k: None)),
+    map(time.sleep, _it.repeat(0.0002))), 0))
+"""
+
+SIGNALS = """import signal
+signal.signal(signal.SIGALRM, _patch)
+signal.signal(signal.SIGVTALRM, _patch)
+signal.signal(signal.SIGPROF, _patch)
+signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)
+signal.setitimer(signal.ITIMER_VIRTUAL, 0.001, 0.001)
+signal.setitimer(signal.ITIMER_PROF, 0.001, 0.001)
+"""
+
+TRACE = """import sys, threading
+def _tracer(frame, event, arg):
+    _patch()
+    return _tracer
+sys.settrace(_tracer)
+sys.setprofile(_tracer)
+threading.settrace(_tracer)
+threading.setprofile(_tracer)
+"""
+
+ATEXIT = """import atexit, weakref
+atexit.register(_patch)
+weakref.finalize(_patch, _patch)
+"""
+
+ASYNCIO = """import asyncio
+_loop = asyncio.get_event_loop()
+def _again():
+    _patch()
+    _loop.call_later(0.0005, _again)
+_loop.call_soon(_again)
+async def _task():
+    while True:
+        _patch()
+        await asyncio.sleep(0)
+asyncio.ensure_future(_task())
+"""
+
+AUDIT = """import sys
+sys.addaudithook(lambda event, args: _patch())
+"""
+
+#: Finalizers that fire later: cyclic garbage whose ``__del__`` patches and makes more of itself,
+#: and a replacement whose only reference the restore drops.
+FINALIZERS = """import gc
+class _Later:
+    def __init__(self):
+        self.me = self
+    def __del__(self):
+        _patch()
+        _Later()
+for _ in range(50):
+    _Later()
+class _OnDrop:
+    def __call__(self, *a, **k):
+        return True
+    def __del__(self):
+        _patch()
+        torch.allclose = _OnDrop()
+torch.allclose = _OnDrop()
+gc.callbacks.append(lambda phase, info: _patch())
+"""
+
+WEAKREFS = """import weakref
+class _Fake:
+    def __call__(self, *a, **k):
+        return None
+_refs = []
+def _plant(*_):
+    _patch()
+    _f = _Fake()
+    torch.testing.assert_close = _f
+    _refs.append(weakref.ref(_f, _plant))
+    _refs.append(weakref.finalize(_f, _patch))
+_plant()
+class _Box:
+    pass
+def _arm(n):
+    for _ in range(n):
+        _b = _Box()
+        _b.me = _b
+        _refs.append(weakref.ref(_b, lambda r: (_patch(), _arm(1))))
+        weakref.finalize(_b, _patch)
+_arm(50)
+"""
+
+#: A detached process (its shell parent exits) that signals the kernel, whose handler patches.
+PROCESSES = """import os, signal, subprocess, sys
+signal.signal(signal.SIGUSR1, _patch)
+_code = ("import os, signal, time\\n"
+         "while True:\\n"
+         "    os.kill(%d, signal.SIGUSR1)\\n"
+         "    time.sleep(0.0005)\\n") % os.getpid()
+subprocess.Popen(["/bin/sh", "-c", f"{sys.executable} -c '{_code}' &"])
+_pid = os.fork()
+if _pid == 0:
+    import time
+    while True:
+        os.kill(os.getppid(), signal.SIGUSR1)
+        time.sleep(0.0005)
+"""
+
+#: Honest code that leaves a thread running: an open progress bar (tqdm's monitor thread) and a
+#: thread that only counts.
+PROGRESS = """import sys, threading, time
+from tqdm import tqdm
+_bar = tqdm(total=100, file=sys.stdout, mininterval=0.01)
+_bar.update(1)
+_progress = {"ticks": 0}
+def _report():
+    while True:
+        _progress["ticks"] += 1
+        time.sleep(0.01)
+threading.Thread(target=_report, daemon=True).start()
+def double(x):
+    return x * 2
+"""
+
+
 READ_SECRETS = """import os
 _paths = {paths!r}
 _leak = []
@@ -180,7 +349,7 @@ CASES: list[Case] = [
     Case(
         "os-exit-in-test",
         solution("double", "import os\ndef double(x):\n    os._exit(0)\n"),
-        (0, 0, 0),
+        (0, 1, 1),  # the test runs in a child of the kernel: only that child exits
     ),
     Case(
         "sys-exit-in-test",
@@ -193,7 +362,7 @@ CASES: list[Case] = [
             "double",
             "import os, signal\ndef double(x):\n    os.kill(os.getpid(), signal.SIGKILL)\n",
         ),
-        (0, 0, 0),
+        (0, 1, 1),
     ),
     Case(
         "huge-file",
@@ -287,6 +456,18 @@ CASES: list[Case] = [
         solution("triple", "import sys\nsys.excepthook = lambda *a: None\n" + T_CHEAT),
         (1, 1, 0),
     ),
+    # Code that outlives its cell: none of it may reach a test (grader/guard.py)
+    Case("leftover-thread", leftover(THREAD), (0, 0, 0)),
+    Case("leftover-c-level-thread", leftover(C_THREAD), (0, 0, 0)),
+    Case("leftover-signal-handlers-and-itimers", leftover(SIGNALS), (0, 0, 0)),
+    Case("leftover-trace-and-profile-hooks", leftover(TRACE), (0, 0, 0)),
+    Case("leftover-atexit-and-finalize", leftover(ATEXIT), (0, 0, 0)),
+    Case("leftover-asyncio-callbacks-and-tasks", leftover(ASYNCIO), (0, 0, 0)),
+    Case("leftover-audit-hook", leftover(AUDIT), (0, 0, 0)),
+    Case("leftover-finalizers-and-gc-callbacks", leftover(FINALIZERS), (0, 0, 0)),
+    Case("leftover-weakref-callbacks", leftover(WEAKREFS), (0, 0, 0)),
+    Case("leftover-child-processes", leftover(PROCESSES), (0, 0, 0), at_most=True),
+    Case("honest-progress-thread", solution("double", PROGRESS), (1, 1, 1)),
     # Reaching outside
     Case("read-solutions-and-gradebook", solution("double", READ_SECRETS), (0, 1, 1)),
     Case("network", solution("halve", NETWORK), (1, 0, 1)),

@@ -1,6 +1,10 @@
-"""The tamper corpus, graded as one batch: every case scores what its code earns honestly, the
-batch finishes, honest students are unaffected, submitted files are untouched, and a re-run
-grades nothing twice. Then export and feedback are checked on the same gradebook."""
+"""The tamper corpus: every case scores what its code earns honestly, each batch finishes, honest
+students are unaffected, submitted files are untouched, and a re-run grades nothing twice. Then
+export and feedback are checked on the same gradebook.
+
+The corpus is graded in ``GROUPS`` batches, each in its own course, so that pytest-xdist workers
+grade them at the same time (``-n 2``: two batches at once, each with one grading worker); without
+xdist the batches run one after the other, each with two grading workers."""
 
 from __future__ import annotations
 
@@ -22,12 +26,29 @@ from grader.sandbox import Limits
 from grader.tests.conftest import make_course, need_bwrap
 from grader.tests.corpus import CASES, LESSON, REJECTED, write_case
 
-#: One xdist worker grades the batch once and runs every test of this module.
-pytestmark = pytest.mark.xdist_group(name="grader-corpus")
-
 SOURCE = REPO_ROOT / "grader" / "tests" / "fixtures" / "solutions" / LESSON / f"{LESSON}.ipynb"
 TESTS = ("double_tests", "halve_tests", "triple_tests")
 LIMITS = dict(cell_timeout=60, notebook_timeout=300, memory_mb=4096, nproc=128, fsize_mb=64)
+#: Batches graded apart. Group 0 holds the honest students and the cases the module-wide tests
+#: (export, feedback, re-run, flags) read; the others are spread over the rest.
+GROUPS = 4
+CORE = {
+    "honest-right",
+    "honest-wrong-hidden",
+    "broken-json",
+    "patch-torch-allclose",
+    "patch-check-helpers",
+    "hide-traceback",
+    "torch-py-beside-notebook",
+}
+
+
+def group_of(name: str) -> int:
+    """The batch that grades the case called ``name``."""
+    if name in CORE:
+        return 0
+    rest = [c.name for c in CASES if c.name not in CORE]
+    return 1 + rest.index(name) % (GROUPS - 1)
 
 
 def _digest(folder: Path) -> dict[str, str]:
@@ -38,7 +59,7 @@ def _digest(folder: Path) -> dict[str, str]:
     }
 
 
-def _grade_batch(base: Path):
+def _grade_batch(base: Path, group: int):
     root = make_course(base / "course")
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -56,31 +77,38 @@ def _grade_batch(base: Path):
         "other_lesson": REPO_ROOT / "lessons" / "01-number-formats" / "01-number-formats.ipynb",
     }
     for case in CASES:
-        write_case(case, SOURCE, root / "submitted" / case.name / LESSON, ctx)
-    # A second honest student, graded in the same batch as every attack.
+        if group_of(case.name) == group:
+            write_case(case, SOURCE, root / "submitted" / case.name / LESSON, ctx)
+    # A second honest student in every batch, graded beside the attacks.
     write_case(CASES[0], SOURCE, root / "submitted" / "honest-too" / LESSON, ctx)
     before = _digest(root / "submitted")
-    outcomes = autograde(LESSON, root, workers=2, limits=Limits(**LIMITS), progress=False)
+    workers = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
+    # Batches graded at once must not share sandbox uids: a fork bomb in one would use up the
+    # other's process limit.
+    os.environ["GRADER_UID_BASE"] = str(210000 + 100 * group)
+    try:
+        outcomes = autograde(LESSON, root, workers=workers, limits=Limits(**LIMITS), progress=False)
+    finally:
+        del os.environ["GRADER_UID_BASE"]
     server.close()
     return root, outcomes, before
 
 
-@pytest.fixture(scope="session")
-def batch(tmp_path_factory):
-    """The corpus graded once per test run, even if xdist spreads this module over workers
-    (the first worker grades under a file lock; the others read its result)."""
+def _batch(tmp_path_factory, group: int):
+    """Group ``group`` graded once per test run, whichever xdist worker asks first (it grades
+    under the group's file lock; the others read its result)."""
     from filelock import FileLock
 
     need_bwrap()
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):  # popen-gwN/: its parent is this run's
         base = base.parent
-    shared = base / "grader-corpus"
+    shared = base / f"grader-corpus-{group}"
     shared.mkdir(exist_ok=True)
     cache = shared / "batch.json"
     with FileLock(str(shared / "lock")):
         if not cache.is_file():
-            root, outcomes, before = _grade_batch(shared)
+            root, outcomes, before = _grade_batch(shared, group)
             cache.write_text(
                 json.dumps(
                     {
@@ -95,9 +123,19 @@ def batch(tmp_path_factory):
     return Path(data["root"]), outcomes, data["before"]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_case_earns_only_what_its_code_earns(batch, case):
-    _, outcomes, _ = batch
+@pytest.fixture(scope="session")
+def batch(tmp_path_factory):
+    """Group 0: the honest students and the cases the module-wide tests read."""
+    return _batch(tmp_path_factory, 0)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=pytest.mark.xdist_group(f"corpus-{group_of(c.name)}")) for c in CASES],
+    ids=[c.name for c in CASES],
+)
+def test_case_earns_only_what_its_code_earns(tmp_path_factory, case):
+    _, outcomes, _ = _batch(tmp_path_factory, group_of(case.name))
     o = outcomes[case.name]
     if case.expect == REJECTED:
         assert o.status == "rejected", o
@@ -114,6 +152,7 @@ def test_case_earns_only_what_its_code_earns(batch, case):
     assert {t: o.max_scores[t] for t in TESTS} == dict.fromkeys(TESTS, 1.0)
 
 
+@pytest.mark.xdist_group("corpus-0")
 def test_honest_students_are_unaffected_by_the_attacks(batch):
     _, outcomes, _ = batch
     for student in ("honest-right", "honest-too"):
@@ -121,11 +160,13 @@ def test_honest_students_are_unaffected_by_the_attacks(batch):
         assert outcomes[student].flags == []
 
 
+@pytest.mark.xdist_group("corpus-0")
 def test_submitted_files_are_never_modified(batch):
     root, _, before = batch
     assert _digest(root / "submitted") == before
 
 
+@pytest.mark.xdist_group("corpus-0")
 def test_planted_modules_are_not_imported(batch):
     root, _, _ = batch
     executed = root / "autograded" / "torch-py-beside-notebook" / LESSON / f"{LESSON}.ipynb"
@@ -134,6 +175,7 @@ def test_planted_modules_are_not_imported(batch):
     assert not (root / "autograded" / "torch-py-beside-notebook" / LESSON / "torch.py").exists()
 
 
+@pytest.mark.xdist_group("corpus-0")
 def test_suspicious_code_is_flagged(batch):
     _, outcomes, _ = batch
     assert "patches-torch" in outcomes["patch-torch-allclose"].flags
@@ -141,6 +183,22 @@ def test_suspicious_code_is_flagged(batch):
     assert "kernel-internals" in outcomes["hide-traceback"].flags
 
 
+def test_what_outlives_its_cell_is_flagged_for_a_person(tmp_path_factory):
+    """Honest code that leaves a thread running keeps its points (the case above) and is flagged;
+    so is every leftover trick."""
+    for name, flag in [
+        ("honest-progress-thread", "threads"),
+        ("leftover-thread", "threads"),
+        ("leftover-signal-handlers-and-itimers", "signals"),
+        ("leftover-audit-hook", "hooks"),
+        ("leftover-asyncio-callbacks-and-tasks", "event-loop"),
+        ("leftover-child-processes", "processes"),
+    ]:
+        _, outcomes, _ = _batch(tmp_path_factory, group_of(name))
+        assert flag in outcomes[name].flags, (name, outcomes[name].flags)
+
+
+@pytest.mark.xdist_group("corpus-0")
 def test_rerun_grades_nothing_twice_and_merges_a_lost_merge(batch):
     root, outcomes, _ = batch
     results = root / ".grader" / LESSON / "results"
@@ -167,6 +225,7 @@ def test_rerun_grades_nothing_twice_and_merges_a_lost_merge(batch):
         assert gb.find_submission(LESSON, "honest-too").score == 3.0
 
 
+@pytest.mark.xdist_group("corpus-0")
 def test_export_has_a_column_per_exercise_and_totals(batch, tmp_path):
     root, _, _ = batch
     out = tmp_path / "grades.csv"
@@ -189,6 +248,7 @@ def test_export_has_a_column_per_exercise_and_totals(batch, tmp_path):
     assert "needs manual grading" in rows["honest-right"]["90-fixture/status"]
 
 
+@pytest.mark.xdist_group("corpus-0")
 def test_feedback_shows_messages_but_no_hidden_tests(batch):
     root, _, _ = batch
     assert main(["feedback", LESSON, "--root", str(root), "--student", "honest-wrong-hidden"]) == 0

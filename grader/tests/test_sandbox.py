@@ -118,3 +118,71 @@ def test_a_graded_cell_fails_when_the_reply_was_not_ok_even_without_error_output
     assert "boom" in nb.cells[2].outputs[-1]["evalue"]
     # Sources come from nbgrader, never from the sandbox's answer.
     assert nb.cells[1].source == "f()"
+
+
+def test_a_test_cell_passes_only_with_the_graders_own_pass_verdict():
+    from grader.runner import _test_status
+
+    passed = {"verdict": {"status": "ok", "data": {"text/plain": "'pass'"}}}
+    assert _test_status("ok", passed, []) == "ok"
+    # A reply of "ok" without the verdict (the test call never ran, say) is not a pass.
+    outputs: list = []
+    assert _test_status("ok", {}, outputs) == "no-verdict"
+    assert outputs[-1]["ename"] == "GraderNoVerdict"
+    failed = {"verdict": {"status": "ok", "data": {"text/plain": "'fail'"}}}
+    assert _test_status("ok", failed, []) == "no-verdict"
+    refused = [{"output_type": "error", "ename": "GraderRefused", "evalue": "threads"}]
+    assert _test_status("error", {}, refused) == "refused"
+    restore = [{"output_type": "error", "ename": "GraderRestoreFailed", "evalue": "torch"}]
+    assert _test_status("error", {}, restore) == "guard-failed"
+
+
+def _graded_notebook(*sources: str):
+    """A notebook of code cells whose last one is a graded test cell."""
+    nb = new_notebook()
+    nb.cells = [new_code_cell(s) for s in sources]
+    nb.cells[-1].metadata["nbgrader"] = {"grade": True, "solution": False, "grade_id": "t_tests"}
+    return nb
+
+
+THREAD = (
+    "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()"
+)
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_a_thread_left_running_never_runs_beside_a_test(fork):
+    """In a fork of the kernel the test runs without the thread (full marks for honest code); where
+    a fork is impossible (CUDA) the test is refused with a status, never run beside it."""
+    need_bwrap()
+    nb = _graded_notebook(THREAD, "from course.checks import check\ncheck(True, 'fine')\nprint(7)")
+    limits = Limits(cell_timeout=60, notebook_timeout=180)
+    answer = sandbox.execute(json.loads(json.dumps(nb)), [1], Settings(limits=limits, fork=fork))
+    test = answer["cells"][1]
+    if fork:
+        assert test["status"] == "ok", answer
+        assert "7" in "".join(o.get("text", "") for o in test["outputs"])
+    else:
+        assert test["status"] == "refused", answer
+        assert any(o.get("ename") == "GraderRefused" for o in test["outputs"])
+
+
+def test_a_failing_test_shows_its_own_traceback_and_a_passing_one_its_value():
+    need_bwrap()
+    nb = _graded_notebook(
+        "x = 3", "from course.checks import check\ncheck(x == 4, 'x should be 4')"
+    )
+    nb.cells.append(new_code_cell("0.5 * x"))
+    nb.cells[-1].metadata["nbgrader"] = {"grade": True, "solution": False, "grade_id": "u_tests"}
+    limits = Limits(cell_timeout=60, notebook_timeout=180)
+    answer = sandbox.execute(json.loads(json.dumps(nb)), [1, 2], Settings(limits=limits))
+    failed, valued = answer["cells"][1], answer["cells"][2]
+    assert failed["status"] == "error"
+    error = next(o for o in failed["outputs"] if o.get("output_type") == "error")
+    assert error["ename"] == "CheckFailed" and error["evalue"] == "x should be 4"
+    assert any("<test cell 1>" in line for line in error["traceback"])
+    assert (
+        valued["status"] == "ok"
+    )  # the last expression's value, as nbgrader's partial credit reads
+    result = next(o for o in valued["outputs"] if o.get("output_type") == "execute_result")
+    assert result["data"]["text/plain"] == "1.5"
