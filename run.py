@@ -162,7 +162,7 @@ def cmd_test(args: list[str]) -> int:
     ensure_installed("test")
     ensure_system_packages()
     workers = os.environ.get("COURSE_TEST_WORKERS") or str(max(2, min(os.cpu_count() or 2, 4)))
-    cmd = [str(PY), "-m", "pytest", "-n", workers, "--dist", "loadgroup", *args]
+    cmd = [str(PY), "-m", "pytest", "-n", workers, "--dist", "loadgroup", "--durations=30", *args]
     say("$ " + " ".join(cmd))
     return subprocess.call(cmd, cwd=ROOT, env=child_env())
 

@@ -52,7 +52,11 @@ INSTRUCTOR_PLUGINS = STUDENT_PLUGINS | {
 NEWS_PROMPT = "Would you like to get notified about official Jupyter news?"
 RUN_TIMEOUT_MS = 600_000
 
-pytestmark = [pytest.mark.browser, pytest.mark.xdist_group(name="browser")]
+#: Each lesson's browser run shares the xdist group of that lesson's grading tests, so lessons
+#: (not one long browser queue) are what the workers share out; each worker starts its own
+#: JupyterLab and Chromium (session fixtures) the first time it needs them.
+pytestmark = [pytest.mark.browser]
+VIEWS = pytest.mark.xdist_group(name="browser-views")
 
 
 def _missing(reason: str) -> None:
@@ -307,7 +311,9 @@ def _validate(page) -> str:
     return dialog.inner_text()
 
 
-@pytest.mark.parametrize("lesson", LESSON_IDS)
+@pytest.mark.parametrize(
+    "lesson", [pytest.param(lesson, marks=pytest.mark.xdist_group(lesson)) for lesson in LESSON_IDS]
+)
 def test_lesson_runs_and_its_widget_responds_in_jupyterlab(lab, browser, shots, lesson):
     url, token = lab
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -359,6 +365,7 @@ def _page(browser):
     return page, errors
 
 
+@VIEWS
 def test_student_view_has_validate_and_the_assignment_list_only(lab, browser, shots):
     """``run.py lab``: no instructor panels, no news prompt, a lesson opens unmodified."""
     url, token = lab
@@ -381,6 +388,7 @@ def test_student_view_has_validate_and_the_assignment_list_only(lab, browser, sh
         page.close()
 
 
+@VIEWS
 def test_instructor_view_has_nbgraders_panels(instructor_lab, browser, shots):
     """``run.py lab --instructor``: Create Assignment and Formgrader, still no news prompt."""
     url, token = instructor_lab
@@ -403,6 +411,7 @@ def test_instructor_view_has_nbgraders_panels(instructor_lab, browser, shots):
         page.close()
 
 
+@VIEWS
 def test_lab_views_config_without_a_browser(tmp_path):
     """The two views' config folders, and the served language_info, checked without Chromium."""
     from traitlets.config.loader import PyFileConfigLoader

@@ -54,3 +54,28 @@ def test_code_is_linted_and_formatted():
         [ruff, "format", "--check", *paths], cwd=REPO_ROOT, capture_output=True, text=True
     )
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+
+
+def test_readme_lists_every_lesson_with_its_exercises():
+    """The README's lesson table names each lesson in solutions/ and exactly its exercises."""
+    import json
+
+    from grader.release import lesson_ids
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    rows = {
+        m.group(1): set(re.findall(r"`([a-z0-9_]+)`", m.group(2)))
+        for m in re.finditer(r"^\| `(\d\d-[a-z0-9-]+)` \|[^|]*\| (.*) \|$", readme, re.M)
+    }
+    solutions = REPO_ROOT / "solutions"
+    assert sorted(rows) == lesson_ids(solutions)
+    for lesson, listed in rows.items():
+        nb = json.loads((solutions / lesson / f"{lesson}.ipynb").read_text())
+        exercises = {
+            c["metadata"]["nbgrader"]["grade_id"]
+            for c in nb["cells"]
+            if c["cell_type"] == "code" and c["metadata"].get("nbgrader", {}).get("solution")
+        }
+        assert listed == exercises, (
+            f"README row of {lesson}: {sorted(listed)} != {sorted(exercises)}"
+        )
