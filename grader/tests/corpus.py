@@ -266,10 +266,10 @@ PROGRESS = """import sys, threading, time
 from tqdm import tqdm
 _bar = tqdm(total=100, file=sys.stdout, mininterval=0.01)
 _bar.update(1)
-_progress = {"ticks": 0}
+_progress = dict(ticks=0)
 def _report():
     while True:
-        _progress["ticks"] += 1
+        _progress["ticks"] = _progress["ticks"] + 1
         time.sleep(0.01)
 threading.Thread(target=_report, daemon=True).start()
 def double(x):
