@@ -236,9 +236,9 @@ async def _run(request: dict, events: list, timing: dict) -> list:
             test = index in graded
             if test:
                 # Processes the notebook left behind do not outlive its cells into a test.
-                tick = time.monotonic()
+                swept = time.monotonic()
                 killed = _kill_leftovers(getattr(client.km.provisioner, "pid", None))
-                timing["leftovers"] += time.monotonic() - tick
+                timing["leftovers"] += time.monotonic() - swept
                 if killed:
                     events.append(f"cell {index}: stopped {killed} process(es) left running")
                 nonce = secrets.token_hex(8)
