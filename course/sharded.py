@@ -521,8 +521,9 @@ def inf_check_worker(rank: int, world_size: int, kind: str, config: FSDPConfig) 
     After the backward (so after FSDP2's reduce-scatter), element ``[0, 0]`` of the last rank's
     local shard of ``head.weight``'s gradient is set to inf, as an overflow that lands in that
     shard would be. ``kind`` (see :data:`SCALERS`) decides whether to step. Returns whether this
-    rank's shards held a non-finite value, whether its shards changed, the scale after, and
-    how many ``dist.all_reduce`` calls the decision made.
+    rank's shards held a non-finite value, whether its shards changed, the scale after, how
+    many ``dist.all_reduce`` calls the decision made, and how many times DTensor reduced the inf
+    flag across ranks (:func:`count_dtensor_inf_reductions`).
     """
 
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -542,7 +543,7 @@ def inf_check_worker(rank: int, world_size: int, kind: str, config: FSDPConfig) 
         grad[0, 0] = float("inf")
     local_inf = any(not bool(local(p.grad).isfinite().all()) for p in model.parameters())
     before = [local(p).detach().clone() for p in model.parameters()]
-    with record_fsdp_collectives() as sent:
+    with record_fsdp_collectives() as sent, count_dtensor_inf_reductions() as flags:
         scale = _decide(kind, model, optimizer, scaler, local_inf)
     after = [local(p).detach() for p in model.parameters()]
     changed = any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
@@ -552,7 +553,35 @@ def inf_check_worker(rank: int, world_size: int, kind: str, config: FSDPConfig) 
         "stepped": changed,
         "scale": scale,
         "all_reduces": sum(name == "all_reduce" for name, _, _ in sent),
+        "dtensor_inf_reductions": len(flags),
     }
+
+
+@contextlib.contextmanager
+def count_dtensor_inf_reductions() -> Iterator[list[str]]:
+    """Inside a rank: record each time DTensor reduces GradScaler's inf flag across ranks.
+
+    DTensor (torch 2.13) routes ``_amp_foreach_non_finite_check_and_unscale_`` on DTensor
+    gradients to ``found_inf_reduce_handler`` (``torch/distributed/tensor/_dispatch.py``), which
+    all-reduces the flag's maximum over the mesh; this wraps that handler in DTensor's table of
+    custom op handlers and appends the op's name per call. Introduced in lesson 07.
+    """
+    from torch.distributed.tensor import DTensor
+
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+    op = torch.ops.aten._amp_foreach_non_finite_check_and_unscale_.default
+    original = handlers[op]
+    calls: list[str] = []
+
+    def counted(*args, **kwargs):
+        calls.append(str(op))
+        return original(*args, **kwargs)
+
+    handlers[op] = counted
+    try:
+        yield calls
+    finally:
+        handlers[op] = original
 
 
 def _decide(kind: str, model: nn.Module, optimizer, scaler, local_inf: bool) -> float:
@@ -570,3 +599,45 @@ def _decide(kind: str, model: nn.Module, optimizer, scaler, local_inf: bool) -> 
         scaler.step(optimizer)
         scaler.update()
     return scaler.get_scale()
+
+
+# --------------------------------------------------------------------------------------------
+# Grading: the course's own FSDP2 runs are not an answer
+
+#: The functions of this module that shard and train, or measure, a model themselves: an
+#: exercise that called them would hand in the course's run instead of its own.
+COURSE_RUNS = ("sharded_worker", "shard_model", "memory_worker", "measure_memory")
+
+
+@contextlib.contextmanager
+def without_course_runs(namespace: dict, exercise: str, calls: list[str]) -> Iterator[None]:
+    """Replace :data:`COURSE_RUNS` by refusals, here and in ``namespace``, for the block's time.
+
+    Lesson 07's graders run a student's exercise inside this block (in the kernel, or inside a
+    rank: pass the ``globals()`` the student's function sees, which a forked rank inherits and a
+    spawned rank rebuilds from cloudpickle). A refused call is appended to ``calls`` and raises
+    :class:`course.checks.CheckFailed` with a message that teaches. Introduced in lesson 07.
+    """
+    from course.checks import CheckFailed
+
+    def refusal(name: str):
+        def refused(*args, **kwargs):
+            calls.append(name)
+            raise CheckFailed(
+                f"{exercise} called course.sharded.{name}, the course's own FSDP2 run: write it "
+                "with fully_shard (or, for shard_memory, count) yourself"
+            )
+
+        return refused
+
+    spaces = (globals(), namespace)
+    saved = [
+        (space, name, space[name]) for space in spaces for name in COURSE_RUNS if name in space
+    ]
+    for space, name, _ in saved:
+        space[name] = refusal(name)
+    try:
+        yield
+    finally:
+        for space, name, value in saved:
+            space[name] = value

@@ -138,6 +138,10 @@ def test_inf_in_one_shard_needs_a_collective_check():
         else:
             assert (a["stepped"], b["stepped"]) == (False, False)
             assert a["scale"] == b["scale"] == 512.0
+        # the plain GradScaler agrees through DTensor's reduction of the inf flag alone
+        expected_dtensor = 0 if kind == "local" else 1
+        assert a["dtensor_inf_reductions"] == b["dtensor_inf_reductions"] == expected_dtensor
+        assert a["all_reduces"] == (1 if kind == "ShardedGradScaler" else 0)
 
 
 def test_plots_draw():
@@ -162,3 +166,21 @@ def test_widget_measures_real_ranks():
     explorer.reduce_dtype.value = "bfloat16"
     assert explorer.results["reduced_in"] == ["bfloat16"]
     assert "relative error" in explorer.stats.value
+
+
+def test_course_runs_are_refused_inside_the_block_and_restored_after():
+    import course.sharded as module
+    from course.checks import CheckFailed
+    from course.sharded import COURSE_RUNS, without_course_runs
+
+    namespace = {"sharded_worker": module.sharded_worker, "other": 1}
+    originals = {name: getattr(module, name) for name in COURSE_RUNS}
+    calls: list[str] = []
+    with without_course_runs(namespace, "fsdp_amp_worker", calls):
+        for refused in (module.measure_memory, namespace["sharded_worker"]):
+            with pytest.raises(CheckFailed, match="write it with fully_shard"):
+                refused(0, 2, None)
+        assert namespace["other"] == 1
+    assert calls == ["measure_memory", "sharded_worker"]
+    assert namespace["sharded_worker"] is originals["sharded_worker"]
+    assert all(getattr(module, name) is fn for name, fn in originals.items())

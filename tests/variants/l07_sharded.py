@@ -200,6 +200,47 @@ def stochastic_round_bf16(x, generator=None):
     return torch.where(u < p, up, down).to(torch.bfloat16)
 """,
     ),
+    "fsdp_calls_course_worker": (
+        "fsdp_amp_worker",
+        """
+def fsdp_amp_worker(rank, world_size, config):
+    # Wrong: hands in the course's own FSDP2 run (course.sharded.sharded_worker) instead of
+    # writing the sharding and the training loop.
+    run = sharded_worker(rank, world_size, RunSpec(config))
+    return {"state_dict": run["state_dict"], "losses": run["losses"]}
+""",
+    ),
+    "shard_memory_calls_measure_memory": (
+        "shard_memory",
+        """
+import course.sharded
+
+
+def shard_memory(model, world_size, policy, optimizer="adamw"):
+    # Wrong: measures real ranks with the course's own memory_worker instead of counting
+    # (rebuilding the config from the model's shapes).
+    config = FSDPConfig(
+        n_in=model.embed.in_features, width=model.embed.out_features,
+        hidden=model.blocks[0].fc1.out_features, depth=len(model.blocks),
+        n_out=model.head.out_features, param_dtype=policy.param_dtype)
+    rank0 = course.sharded.measure_memory(config, world_size, optimizer, backend="gloo")[0]
+    return {k: rank0[k] for k in ("params", "grads", "optimizer", "gathered")}
+""",
+    ),
+    "sr_float32_noise_then_nearest": (
+        "stochastic_round_bf16",
+        """
+def stochastic_round_bf16(x, generator=None):
+    # Wrong: adds uniform noise of half a gap either side in float32, then rounds to nearest.
+    # Just above a power of two the gap below is half the gap above, so the noisy value can
+    # round to a bfloat16 number below the lower neighbour.
+    bits = x.contiguous().view(torch.int32)
+    lo = (bits & -65536).view(torch.float32)
+    hi = ((bits & -65536) + 65536).view(torch.float32)
+    u = torch.rand(x.shape, device=x.device, generator=generator) - 0.5
+    return torch.where(x == lo, x, x + u * (hi - lo)).to(torch.bfloat16)
+""",
+    ),
 }
 
 VALID = {
@@ -269,6 +310,63 @@ def stochastic_round_bf16(x, generator=None):
     p = (x.double() - lo.double()).abs() / gap
     u = torch.rand(x.shape, dtype=torch.float64, device=x.device, generator=generator)
     return torch.where(u < p, hi, lo).to(torch.bfloat16)
+""",
+    ),
+    "fsdp_policy_once_named_parameters": (
+        "fsdp_amp_worker",
+        """
+def fsdp_amp_worker(rank, world_size, config):
+    # Valid: one policy object, the blocks through children(), the state from named_parameters
+    # (this model has no buffers), the loss and batch split written out by hand.
+    model = config.make_model()
+    policy = MixedPrecisionPolicy(config.param_dtype, config.reduce_dtype)
+    mesh = rank_mesh()
+    for block in model.blocks.children():
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    optimizer = config.make_optimizer(model.parameters())
+    losses = []
+    for step in range(config.steps):
+        x, y = config.batch(step)
+        per_rank = x.shape[0] // world_size
+        rows = slice(rank * per_rank, (rank + 1) * per_rank)
+        loss = config.loss_fn(model(x[rows]), y[rows])
+        loss.backward()
+        optimizer.step()
+        for p in model.parameters():
+            p.grad = None
+        losses.append(loss.detach().item())
+    state = {n: p.detach().full_tensor() for n, p in model.named_parameters()}
+    return {"state_dict": state, "losses": losses}
+""",
+    ),
+    "shard_memory_real_chunks": (
+        "shard_memory",
+        """
+def shard_memory(model, world_size, policy, optimizer="adamw"):
+    # Valid: rank 0's shard as a view from torch.chunk on the real parameter; units walked as
+    # modules, the root's as everything outside model.blocks.
+    first = [p.detach().chunk(world_size, dim=0)[0] for p in model.parameters()]
+    shard = sum(t.nbytes for t in first)
+    state = (2 * shard + 4 * len(first)) if optimizer == "adamw" else shard
+    size = (lambda p: policy.param_dtype.itemsize) if policy.param_dtype else (
+        lambda p: p.element_size())
+    block_ids = {id(p) for p in model.blocks.parameters()}
+    units = [sum(p.numel() * size(p) for p in b.parameters()) for b in model.blocks]
+    units.append(sum(p.numel() * size(p) for p in model.parameters() if id(p) not in block_ids))
+    return {"params": shard, "grads": shard, "optimizer": state, "gathered": max(units)}
+""",
+    ),
+    "sr_int64_bits": (
+        "stochastic_round_bf16",
+        """
+def stochastic_round_bf16(x, generator=None):
+    # Valid: the bit trick in int64 (no int32 overflow to think about), the low 16 bits
+    # cleared with a shift.
+    bits = x.contiguous().view(torch.int32).to(torch.int64)
+    noise = torch.randint(0, 65536, x.shape, device=x.device, generator=generator)
+    rounded = ((bits + noise) >> 16) << 16
+    return rounded.to(torch.int32).view(torch.float32).to(torch.bfloat16)
 """,
     ),
 }
