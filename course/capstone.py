@@ -175,16 +175,16 @@ def plot_parity(ax: Axes, results: dict[str, dict], window: int = 10) -> None:
 
     first = next(iter(results.values()))
     n = len(first["fp32_losses"])
-    curves = [("fp32", first["fp32_losses"], f"validation loss {first['fp32_val_loss']:.4f}", "-")]
+    curves = [("fp32", first["fp32_losses"], f"validation loss {first['fp32_val_loss']:.5f}", "-")]
     for k, r in results.items():
-        val = f"validation loss {r['amp_val_loss']:.4f}"
+        val = f"validation loss {r['amp_val_loss']:.5f}"
         if len(r["amp_losses"]) != n:  # a shorter comparison has its own fp32 reference
-            val += f", fp32 {r['fp32_val_loss']:.4f} after the same {len(r['amp_losses'])} steps"
+            val += f", fp32 {r['fp32_val_loss']:.5f} after the same {len(r['amp_losses'])} steps"
         curves.append((f"{k} AMP", r["amp_losses"], val, "--"))
     for label, losses, val, style in curves:
         ax.plot(range(1, len(losses) + 1), smooth(losses), style, label=f"{label} ({val})")
     ax.set_xlabel("step")
-    ax.set_ylabel(f"training loss (mean of {window} steps)")
+    ax.set_ylabel(f"training loss, nats per byte (mean of {window} steps)")
     ax.legend()
 
 

@@ -299,8 +299,8 @@ def test_plot_parity_draws_fp32_and_each_amp_run():
     assert len(ax.lines) == 3
     assert list(ax.lines[0].get_ydata()) == [3.0, 2.5, 1.5]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert "1.5000" in labels[0] and "bf16 AMP" in labels[1] and "fp32" not in labels[1]
-    assert "1.7000" in labels[2] and "fp32 2.5000 after the same 1 steps" in labels[2]
+    assert "1.50000" in labels[0] and "bf16 AMP" in labels[1] and "fp32" not in labels[1]
+    assert "1.70000" in labels[2] and "fp32 2.50000 after the same 1 steps" in labels[2]
 
 
 def test_format_table_warns_when_rounds_disagree():

@@ -73,6 +73,22 @@ VARIANTS = {
     "train_compare_autocast_only_at_eval": ("train_compare", _compare(TRAIN_AUTOCAST="False")),
     # Validation loss on the training text: measures memorisation, not generalisation.
     "train_compare_evaluates_on_train": ("train_compare", _compare(EVAL_TOKENS="train_tokens")),
+    # Computes the loss outside autocast: the 16-bit logits go into cross-entropy as they are, so
+    # the loss (and its gradient) is computed in 16 bits instead of autocast's float32.
+    "train_compare_loss_outside_autocast": (
+        "train_compare",
+        _compare().replace(
+            "                loss = lm_loss(model(x), y)\n",
+            "                logits = model(x)\n            loss = lm_loss(logits, y)\n",
+        ),
+    ),
+    # Evaluates the AMP run in float32: the validation loss is not the mixed-precision model's.
+    "train_compare_evaluates_amp_in_fp32": (
+        "train_compare",
+        _compare().replace(
+            "dtype=amp_dtype, enabled=amp):\n            out[", "enabled=False):\n            out["
+        ),
+    ),
     # Counts the forward pass only: training also runs backward, 2x the forward.
     "flops_forgets_backward": (
         "transformer_flops",
@@ -98,6 +114,25 @@ VARIANTS = {
         + """
     per_layer = 2 * (4 * d * d + 2 * d * config.d_ff) + 4 * t * d
     return 3 * tokens * (L * per_layer + 2 * 2 * d * config.vocab_size)
+""",
+    ),
+    # Halves attention's score and value matmuls for the causal mask, against the stated
+    # convention (the full context is counted).
+    "flops_causal_half_attention": (
+        "transformer_flops",
+        _FLOPS_HEAD
+        + """
+    per_layer = 2 * (4 * d * d + 2 * d * config.d_ff) + 2 * t * d
+    return 3 * tokens * (L * per_layer + 2 * d * config.vocab_size)
+""",
+    ),
+    # Adds the embedding lookups as matmuls (token and position), against the stated convention.
+    "flops_counts_position_embedding": (
+        "transformer_flops",
+        _FLOPS_HEAD
+        + """
+    per_layer = 2 * (4 * d * d + 2 * d * config.d_ff) + 4 * t * d
+    return 3 * tokens * (L * per_layer + 2 * d * config.vocab_size + 2 * d * t)
 """,
     ),
 }
