@@ -186,6 +186,7 @@ def shard_model(
     """``fully_shard`` each block of ``model.blocks``, then the root (unless ``wrap_root`` is
     False), on :func:`rank_mesh`, under ``MixedPrecisionPolicy(param_dtype, reduce_dtype)``
     (lesson 07)."""
+    _refuse_while_grading("shard_model")
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
@@ -219,6 +220,7 @@ def sharded_worker(rank: int, world_size: int, spec: RunSpec) -> dict:
     :func:`record_fsdp_collectives` saw), ``grads`` (full gradients of ``spec.grad_steps``) and
     the local shapes and dtypes of parameters and gradients. Introduced in lesson 07.
     """
+    _refuse_while_grading("sharded_worker")
     cfg = spec.config
     device = rank_device()
     model = shard_model(
@@ -316,6 +318,7 @@ def memory_worker(rank: int, world_size: int, spec: MemorySpec) -> dict:
     ``param_dtype``). Also ``units`` (bytes gathered per unit, "root" first), ``local_rows`` and
     ``head_state`` (dtype and local shape of each optimizer state tensor of ``head.weight``).
     """
+    _refuse_while_grading("memory_worker")
     cfg = spec.config
     model = cfg.make_model().to(rank_device())
     blocks = list(model.blocks)
@@ -371,6 +374,7 @@ def measure_memory(
     config: FSDPConfig, world_size: int, optimizer: str = "adamw", backend: str | None = None
 ) -> list[dict]:
     """Each rank's :func:`memory_worker` result for ``world_size`` real ranks (lesson 07)."""
+    _refuse_while_grading("measure_memory")
     chosen = pick_backend(world_size, backend)
     spec = MemorySpec(config=config, optimizer=optimizer)
     return launch(memory_worker, world_size, (spec,), backend=chosen.name, show_output=False)
@@ -609,35 +613,36 @@ def _decide(kind: str, model: nn.Module, optimizer, scaler, local_inf: bool) -> 
 COURSE_RUNS = ("sharded_worker", "shard_model", "memory_worker", "measure_memory")
 
 
+#: While :func:`without_course_runs` is active: ``(exercise, calls)``, innermost last.
+_REFUSING: list[tuple[str, list[str]]] = []
+
+
+def _refuse_while_grading(name: str) -> None:
+    """Raise :class:`course.checks.CheckFailed` if an exercise is being graded (lesson 07)."""
+    if _REFUSING:
+        from course.checks import CheckFailed
+
+        exercise, calls = _REFUSING[-1]
+        calls.append(name)
+        raise CheckFailed(
+            f"{exercise} called course.sharded.{name}, the course's own FSDP2 run: write it "
+            "with fully_shard (or, for shard_memory, count) yourself"
+        )
+
+
 @contextlib.contextmanager
-def without_course_runs(namespace: dict, exercise: str, calls: list[str]) -> Iterator[None]:
-    """Replace :data:`COURSE_RUNS` by refusals, here and in ``namespace``, for the block's time.
+def without_course_runs(exercise: str, calls: list[str]) -> Iterator[None]:
+    """Make :data:`COURSE_RUNS` refuse to run, in this process, for the block's time.
 
     Lesson 07's graders run a student's exercise inside this block (in the kernel, or inside a
-    rank: pass the ``globals()`` the student's function sees, which a forked rank inherits and a
-    spawned rank rebuilds from cloudpickle). A refused call is appended to ``calls`` and raises
-    :class:`course.checks.CheckFailed` with a message that teaches. Introduced in lesson 07.
+    rank). Each of those functions checks at its start whether a block is active, so the
+    refusal holds whatever name the student imported it under, in forked ranks and in spawned
+    ones (cloudpickle sends this module's functions by reference). A refused call is appended to
+    ``calls`` and raises :class:`course.checks.CheckFailed` with a message that teaches.
+    Introduced in lesson 07.
     """
-    from course.checks import CheckFailed
-
-    def refusal(name: str):
-        def refused(*args, **kwargs):
-            calls.append(name)
-            raise CheckFailed(
-                f"{exercise} called course.sharded.{name}, the course's own FSDP2 run: write it "
-                "with fully_shard (or, for shard_memory, count) yourself"
-            )
-
-        return refused
-
-    spaces = (globals(), namespace)
-    saved = [
-        (space, name, space[name]) for space in spaces for name in COURSE_RUNS if name in space
-    ]
-    for space, name, _ in saved:
-        space[name] = refusal(name)
+    _REFUSING.append((exercise, calls))
     try:
         yield
     finally:
-        for space, name, value in saved:
-            space[name] = value
+        _REFUSING.pop()

@@ -173,14 +173,37 @@ def test_course_runs_are_refused_inside_the_block_and_restored_after():
     from course.checks import CheckFailed
     from course.sharded import COURSE_RUNS, without_course_runs
 
-    namespace = {"sharded_worker": module.sharded_worker, "other": 1}
-    originals = {name: getattr(module, name) for name in COURSE_RUNS}
+    alias = module.measure_memory  # imported under another name: refused all the same
     calls: list[str] = []
-    with without_course_runs(namespace, "fsdp_amp_worker", calls):
-        for refused in (module.measure_memory, namespace["sharded_worker"]):
-            with pytest.raises(CheckFailed, match="write it with fully_shard"):
-                refused(0, 2, None)
-        assert namespace["other"] == 1
-    assert calls == ["measure_memory", "sharded_worker"]
-    assert namespace["sharded_worker"] is originals["sharded_worker"]
-    assert all(getattr(module, name) is fn for name, fn in originals.items())
+    with without_course_runs("shard_memory", calls):
+        with pytest.raises(CheckFailed, match="count\\) yourself"):
+            alias(SMALL, 2)
+        for name in COURSE_RUNS:
+            with pytest.raises(CheckFailed, match=f"shard_memory called course.sharded.{name}"):
+                getattr(module, name)(None, None, None)
+    assert calls == ["measure_memory", *COURSE_RUNS]
+    assert not module._REFUSING
+    assert measure_memory(SMALL, 2)[0]["params"] > 0  # runs again once the block is left
+
+
+def test_course_runs_are_refused_in_spawned_ranks():
+    out = launch(_refused_probe, 2, (SMALL,), start_method="spawn", timeout=120)
+    assert out == [(["sharded_worker"], "CheckFailed")] * 2
+
+
+def _student_calls_the_course(rank, world_size, config):
+    from course.sharded import sharded_worker as mine
+
+    return mine(rank, world_size, RunSpec(config))
+
+
+def _refused_probe(rank, world_size, config):
+    from course.sharded import without_course_runs
+
+    refused: list[str] = []
+    with without_course_runs("fsdp_amp_worker", refused):
+        try:
+            _student_calls_the_course(rank, world_size, config)
+        except Exception as exc:
+            return refused, type(exc).__name__
+    return refused, None

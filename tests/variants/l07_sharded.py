@@ -210,6 +210,23 @@ def fsdp_amp_worker(rank, world_size, config):
     return {"state_dict": run["state_dict"], "losses": run["losses"]}
 """,
     ),
+    "fsdp_course_shard_model_under_another_name": (
+        "fsdp_amp_worker",
+        """
+from course.sharded import shard_model as wrap_for_fsdp
+
+
+def fsdp_amp_worker(rank, world_size, config):
+    # Wrong: lets the course's shard_model (imported under another name) do the sharding the
+    # exercise asks for.
+    model = wrap_for_fsdp(config.make_model(), config.param_dtype, config.reduce_dtype)
+"""
+        + _WORKER_LOOP
+        + """
+    state = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    return {"state_dict": state, "losses": losses}
+""",
+    ),
     "shard_memory_calls_measure_memory": (
         "shard_memory",
         """
