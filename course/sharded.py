@@ -4,7 +4,8 @@ What the graded worker trains (:class:`FSDPConfig`), the run the experiments and
 measure (:func:`sharded_worker`: FSDP2 with ``fully_shard`` on 2 or more real processes, started
 by :func:`course.launch.launch`), what each rank holds in memory (:func:`memory_worker`), a
 recorder of the collectives FSDP2 calls (:func:`record_fsdp_collectives`), the bfloat16-weights
-plot and the lesson's widget (:class:`ShardExplorer`). Introduced in lesson 07.
+plot, the lesson's widget (:class:`ShardExplorer`), and :func:`without_course_runs`, with which
+the graders make the course's own runs refuse to stand in for an exercise. Introduced in lesson 07.
 """
 
 from __future__ import annotations
