@@ -13,6 +13,7 @@ go to $COURSE_TEST_ARTIFACTS/screenshots (default test-artifacts/).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib.util
 import json
 import os
@@ -411,6 +412,12 @@ def test_instructor_view_has_nbgraders_panels(instructor_lab, browser, shots):
         page.close()
 
 
+def _run_async(coroutine):
+    """Run ``coroutine`` on a thread of its own: Playwright's loop may be running on this one."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
 @VIEWS
 def test_lab_views_config_without_a_browser(tmp_path):
     """The two views' config folders, and the served language_info, checked without Chromium."""
@@ -439,9 +446,9 @@ def test_lab_views_config_without_a_browser(tmp_path):
     other["metadata"]["language_info"] = {"name": "python", "version": "2.7.18"}
     (tmp_path / "other.ipynb").write_text(json.dumps(other))
     manager = manager_class(root_dir=str(tmp_path))
-    served = asyncio.run(manager.get("lesson.ipynb"))["content"]["metadata"]["language_info"]
+    served = _run_async(manager.get("lesson.ipynb"))["content"]["metadata"]["language_info"]
     assert served == IPythonKernel.language_info, served
     # A notebook saved by another Python keeps what it says (JupyterLab will show the change).
-    kept = asyncio.run(manager.get("other.ipynb"))["content"]["metadata"]["language_info"]
+    kept = _run_async(manager.get("other.ipynb"))["content"]["metadata"]["language_info"]
     assert kept == {"name": "python", "version": "2.7.18"}
     assert (tmp_path / "lesson.ipynb").read_bytes() == released.read_bytes(), "file rewritten"
