@@ -135,6 +135,18 @@ VARIANTS = {
     return 3 * tokens * (L * per_layer + 2 * d * config.vocab_size + 2 * d * t)
 """,
     ),
+    # Measures instead of deriving: the course's own FlopCounterMode count gives the right number,
+    # so only the hidden tests' refusal of FlopCounterMode tells it apart.
+    "flops_measured_with_the_course_counter": (
+        "transformer_flops",
+        """
+from course.benchmark import count_gpt_flops
+
+
+def transformer_flops(config, tokens):
+    return int(count_gpt_flops(config, tokens // config.block_size))
+""",
+    ),
 }
 
 VALID = {
