@@ -194,6 +194,44 @@ def train_compare(model_fn, data, steps, device_type, amp_dtype, seed, lr=1e-3, 
             "fp32_losses": fp32_losses, "amp_losses": amp_losses}
 """,
     ),
+    # The two runs as data (a settings table), torch.amp.autocast spelled out, the scaler always
+    # built and switched by `enabled`, evaluation in eval() mode: again the same computation.
+    "train_compare_settings_table": (
+        "train_compare",
+        """
+def train_compare(model_fn, data, steps, device_type, amp_dtype, seed, lr=1e-3, batch_size=8):
+    train_tokens, val_tokens = data
+    device = train_tokens.device
+    settings = {"fp32": dict(autocast=False, scale=False),
+                "amp": dict(autocast=True, scale=amp_dtype == torch.float16)}
+    result = {}
+    for name, s in settings.items():
+        torch.manual_seed(seed)
+        model = model_fn().to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        scaler = torch.amp.GradScaler(device_type, enabled=s["scale"])
+        batches = iter(random_batches(train_tokens, batch_size, model.config.block_size, seed,
+                                      device=device))
+        history = []
+        for _ in range(steps):
+            inputs, targets = next(batches)
+            optimizer.zero_grad()
+            with torch.amp.autocast(device_type, dtype=amp_dtype, enabled=s["autocast"]):
+                loss = lm_loss(model(inputs), targets)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            history.append(loss.detach().item())
+        model.eval()
+        inputs, targets = val_batch(val_tokens, model.config.block_size, device=device)
+        with torch.no_grad(), torch.amp.autocast(device_type, dtype=amp_dtype,
+                                                 enabled=s["autocast"]):
+            result[f"{name}_val_loss"] = lm_loss(model(inputs), targets).item()
+        result[f"{name}_losses"] = history
+    result["difference"] = result["amp_val_loss"] - result["fp32_val_loss"]
+    return result
+""",
+    ),
     # Per-layer sums, matmul by matmul, as (rows, inner, columns) products.
     "flops_per_matmul_sum": (
         "transformer_flops",
