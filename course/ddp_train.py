@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import hashlib
 import os
-import sys
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -31,7 +30,14 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course.launch import DEFAULT_TIMEOUT, launch, pick_backend, rank_device
+from course.launch import (
+    DEFAULT_TIMEOUT,
+    exit_script,
+    launch,
+    pick_backend,
+    rank_device,
+    under_torchrun,
+)
 
 
 @dataclass(frozen=True)
@@ -356,15 +362,11 @@ def spec_from_args(args: argparse.Namespace) -> TrainSpec:
     )
 
 
-def _under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point for ``python -m course.ddp_train`` and ``torchrun -m course.ddp_train``."""
     args = _parser().parse_args(argv)
     spec = spec_from_args(args)
-    if _under_torchrun():
+    if under_torchrun():
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         use_cuda = args.backend != "gloo" and torch.cuda.is_available()
         if use_cuda:
@@ -394,15 +396,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # Run the importable copy of this module, so spawned ranks import train_worker by name.
-    from course.ddp_train import _under_torchrun
     from course.ddp_train import main as _main
 
-    code = _main()
-    if _under_torchrun():
-        # Gloo's worker threads can abort the interpreter's teardown ("terminate called without
-        # an active exception", SIGABRT) even after destroy_process_group(); the group is gone
-        # and the report printed, so leave without finalising, as course.launch's ranks do.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+    exit_script(_main())

@@ -26,7 +26,6 @@ import contextlib
 import hashlib
 import json
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -36,6 +35,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course.gpt import CONFIGS, GPT, GPTConfig, lm_loss, stdlib_corpus, val_batch
+from course.launch import exit_script, under_torchrun
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -263,15 +263,11 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
     )
 
 
-def _under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point for ``torchrun -m course.gpt_train`` and ``python -m course.gpt_train``."""
     args = _parser().parse_args(argv)
     spec = spec_from_args(args)
-    distributed = _under_torchrun()
+    distributed = under_torchrun()
     use_cuda = args.backend != "gloo" and torch.cuda.is_available()
     device = torch.device("cpu")
     if use_cuda:
@@ -305,15 +301,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # Run the importable copy of this module (as course.ddp_train does).
-    from course.gpt_train import _under_torchrun
     from course.gpt_train import main as _main
 
-    code = _main()
-    if _under_torchrun():
-        # Gloo's worker threads can abort the interpreter's teardown (SIGABRT) even after
-        # destroy_process_group(); the group is gone and the output written, so leave without
-        # finalising, as course.ddp_train does.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+    exit_script(_main())

@@ -718,3 +718,26 @@ def record_collectives():
     finally:
         for name, function in originals.items():
             setattr(dist, name, function)
+
+
+# --------------------------------------------------------------------------------------------
+# Scripts run by torchrun (course.ddp_train, course.gpt_train)
+
+
+def under_torchrun() -> bool:
+    """Whether this process is a rank started by ``torchrun`` (its environment names one)."""
+    return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
+def exit_script(code: int) -> None:
+    """End a ``python -m course.<script>`` process with ``code`` (lesson 06).
+
+    Under torchrun, Gloo's worker threads can abort the interpreter's teardown ("terminate called
+    without an active exception", SIGABRT) even after ``destroy_process_group()``; the group is
+    gone and the output flushed, so the rank leaves without finalising, as launched ranks do.
+    """
+    if under_torchrun():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
