@@ -693,20 +693,18 @@ def _tensors_in(values) -> list[torch.Tensor]:
 
 
 @contextlib.contextmanager
-def record_collectives():
-    """Inside a rank: record ``(collective, dtype)`` for every tensor sent in the block.
+def spy_on_collectives(names: Sequence[str], record: Callable[[str, tuple, dict], None]):
+    """Inside a rank: call ``record(name, args, kwargs)`` before each ``torch.distributed.<name>``.
 
-    Watches the functions in :data:`COLLECTIVES` as attributes of ``torch.distributed`` (code
-    that calls ``dist.all_reduce(...)`` is seen; a name imported before the block is not).
-    Yields the list the records are appended to. Introduced in lesson 06.
+    The functions are replaced as attributes of ``torch.distributed`` for the block (code that
+    calls ``dist.all_reduce(...)`` is seen; a name imported before the block is not) and put
+    back afterwards. Introduced in lesson 06; lesson 07 watches FSDP2's collectives with it.
     """
-    records: list[tuple[str, torch.dtype]] = []
-    originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+    originals = {name: getattr(dist, name) for name in names if hasattr(dist, name)}
 
     def spy(name, function):
         def wrapper(*args, **kwargs):
-            for tensor in _tensors_in(list(args) + list(kwargs.values())):
-                records.append((name, tensor.dtype))
+            record(name, args, kwargs)
             return function(*args, **kwargs)
 
         return wrapper
@@ -714,10 +712,27 @@ def record_collectives():
     for name, function in originals.items():
         setattr(dist, name, spy(name, function))
     try:
-        yield records
+        yield
     finally:
         for name, function in originals.items():
             setattr(dist, name, function)
+
+
+@contextlib.contextmanager
+def record_collectives():
+    """Inside a rank: record ``(collective, dtype)`` for every tensor sent in the block.
+
+    Watches the functions in :data:`COLLECTIVES` (see :func:`spy_on_collectives`). Yields the
+    list the records are appended to. Introduced in lesson 06.
+    """
+    records: list[tuple[str, torch.dtype]] = []
+
+    def record(name: str, args: tuple, kwargs: dict) -> None:
+        for tensor in _tensors_in(list(args) + list(kwargs.values())):
+            records.append((name, tensor.dtype))
+
+    with spy_on_collectives(COLLECTIVES, record):
+        yield records
 
 
 # --------------------------------------------------------------------------------------------

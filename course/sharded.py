@@ -20,7 +20,14 @@ import torch.distributed as dist
 from torch import nn
 
 from course.device import one_cpu_thread
-from course.launch import LaunchError, describe_backend, launch, pick_backend, rank_device
+from course.launch import (
+    LaunchError,
+    describe_backend,
+    launch,
+    pick_backend,
+    rank_device,
+    spy_on_collectives,
+)
 
 #: Names of torch dtypes the configs accept as strings too (widgets, command lines).
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -135,25 +142,15 @@ def record_fsdp_collectives() -> Iterator[list[tuple[str, torch.dtype, int]]]:
     recorded in the dtype they were sent in. Introduced in lesson 07.
     """
     records: list[tuple[str, torch.dtype, int]] = []
-    originals = {name: getattr(dist, name) for name in FSDP_COLLECTIVES}
 
-    def spy(name, function):
-        def wrapper(*args, **kwargs):
-            sent = kwargs.get("input", kwargs.get("input_tensor"))
-            if sent is None:
-                sent = args[1] if name != "all_reduce" and len(args) > 1 else args[0]
-            records.append((name, sent.dtype, sent.numel()))
-            return function(*args, **kwargs)
+    def record(name: str, args: tuple, kwargs: dict) -> None:
+        sent = kwargs.get("input", kwargs.get("input_tensor"))
+        if sent is None:
+            sent = args[1] if name != "all_reduce" and len(args) > 1 else args[0]
+        records.append((name, sent.dtype, sent.numel()))
 
-        return wrapper
-
-    for name, function in originals.items():
-        setattr(dist, name, spy(name, function))
-    try:
+    with spy_on_collectives(FSDP_COLLECTIVES, record):
         yield records
-    finally:
-        for name, function in originals.items():
-            setattr(dist, name, function)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
