@@ -372,6 +372,84 @@ def norm_support(device: torch.device | str = "cpu") -> list[dict[str, str]]:
     return rows
 
 
+def mixed_input_agreement(device: torch.device | str = "cpu") -> list[dict[str, str]]:
+    """Does a float32 layer fed float16 input compute what it computes on that input cast to
+    float32 first? One row per normalization layer and mode (lesson 04).
+
+    Each layer (random affine parameters) runs twice on the same float16 batch: as given, and
+    as ``x.float()`` with the output rounded to float16. Each row says whether the two outputs
+    have the same bits, or how far apart they are, or that the float16 call failed.
+    """
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for name, make, shape in _support_cases():
+        for mode in ("train", "eval"):
+            layer = make().to(device)
+            with torch.no_grad():
+                for p in layer.parameters():
+                    p.copy_(torch.randn(p.shape, generator=gen))
+            twin = make().to(device)
+            twin.load_state_dict(layer.state_dict())
+            layer.train(mode == "train")
+            twin.train(mode == "train")
+            x = (torch.randn(shape, generator=gen) * 30 + 5).to(device=device, dtype=torch.float16)
+            with torch.no_grad():
+                try:
+                    mixed = layer(x)
+                except Exception as exc:  # noqa: BLE001 - the table reports what failed
+                    verdict = f"float16 input fails: {type(exc).__name__}"
+                else:
+                    cast = twin(x.float()).half()
+                    if torch.equal(mixed, cast):
+                        verdict = "same bits"
+                    else:
+                        gap = (mixed.float() - cast.float()).abs().max().item()
+                        verdict = f"differ by up to {gap:.3g}"
+            rows.append({"layer": name, "mode": mode, "float16 input vs cast first": verdict})
+    return rows
+
+
+def autocast_header_lists(ops: Sequence[str]) -> dict[str, list[str]] | None:
+    """Which op lists of the installed torch's ``ATen/autocast_mode.h`` name each op (lesson 04).
+
+    The header ships inside the wheel (``torch/include``) and holds the lists CUDA autocast uses
+    (``AT_FORALL_LOWER_PRECISION_FP``, ``AT_FORALL_FP32``, ...), which other backends may reuse;
+    the CPU lists live in a source file the wheel does not ship. Returns ``{op: [list names]}``
+    (an empty list: on none), or ``None`` where this install has no header.
+    """
+    import re
+    from pathlib import Path
+
+    header = Path(torch.__file__).parent / "include" / "ATen" / "autocast_mode.h"
+    if not header.is_file():
+        return None
+    lists: dict[str, set[str]] = {}
+    current = None
+    for line in header.read_text().splitlines():
+        start = re.match(r"#define (AT_FORALL_\w+)\(_\)", line)
+        if start:
+            current = start.group(1)
+            lists[current] = set()
+        elif current is not None:
+            entry = re.match(r"\s*_\((?:ADD_NS\()?(\w+)", line)
+            if entry:
+                lists[current].add(entry.group(1))
+        if current is not None and not line.rstrip().endswith("\\"):
+            current = None
+    return {op: sorted(name for name, names in lists.items() if op in names) for op in ops}
+
+
+def autocast_kernels(op: str) -> list[str]:
+    """The autocast dispatch keys that have a kernel for ``aten::<op>`` in this torch (lesson 04).
+
+    Read from the dispatcher (``torch._C._dispatch_dump``), which knows the CPU build's own
+    registrations too: an op with no ``AutocastCPU`` entry is left alone by CPU autocast.
+    """
+    dump = torch._C._dispatch_dump(f"aten::{op}")
+    return sorted({line.split(":")[0] for line in dump.splitlines() if line.startswith("Autocast")})
+
+
 def noisy_batches(
     true_var: float,
     steps: int = 300,
@@ -417,6 +495,69 @@ def running_var_trace(
     return trace.double().cpu()
 
 
+def rule_trace(
+    batches: torch.Tensor,
+    momentum: float,
+    dtype: torch.dtype,
+    round_weights: bool = False,
+) -> torch.Tensor:
+    """The momentum rule applied by hand to the batches' variances, stored in ``dtype``.
+
+    Each batch is rounded to ``dtype`` and its unbiased variance taken (float32), then
+    ``running = (1 - momentum) * running + momentum * var`` is computed in float64 and rounded to
+    ``dtype`` once per step, from ``running = 1``. With ``round_weights`` the two weights and the
+    product ``(1 - momentum) * running`` are rounded to ``dtype`` as well, the way arithmetic
+    carried out in that dtype would round them. Comparing with :func:`running_var_trace` shows
+    whether a device's kernel follows the rule rounded once. Returns float64, like that function
+    (lesson 04).
+    """
+    variances = batches.to(dtype).float().var(1).flatten().double().cpu()
+    keep, new = torch.tensor(1.0 - momentum), torch.tensor(momentum)
+    if round_weights:
+        keep, new = keep.to(dtype).double(), new.to(dtype).double()
+    keep, new = keep.double(), new.double()
+    r = torch.tensor(1.0, dtype=dtype)
+    trace = torch.empty(len(variances), dtype=torch.float64)
+    for i, v in enumerate(variances):
+        kept = keep * r.double()
+        if round_weights:
+            kept = kept.to(dtype).double()
+        r = (kept + new * v).to(dtype)
+        trace[i] = r.double()
+    return trace
+
+
+@torch.no_grad()
+def kernel_stall(
+    true_var: float,
+    momentum: float,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    max_steps: int = 100_000,
+) -> tuple[float, float]:
+    """Where the device's own ``batch_norm`` stops moving a ``dtype`` running variance (lesson 04).
+
+    Feeds the same two-sample batch ``[a, -a]`` (``a = sqrt(true_var / 2)`` rounded to
+    ``dtype``) through ``F.batch_norm`` in training mode, from ``running_var = 1``, until the
+    buffer no longer changes: the noise-free stall of the kernel itself. Returns ``(the batch's
+    unbiased variance, where the buffer stopped)``.
+    """
+    a = math.sqrt(true_var / 2)
+    batch = torch.tensor([[a], [-a]], device=device).to(dtype)
+    target = batch.double().var().item()
+    running_mean = torch.zeros(1, dtype=dtype, device=device)
+    running_var = torch.ones(1, dtype=dtype, device=device)
+    with one_thread():
+        for _ in range(max_steps):
+            before = running_var.clone()
+            nn.functional.batch_norm(
+                batch, running_mean, running_var, training=True, momentum=momentum
+            )
+            if torch.equal(before, running_var) or not bool(torch.isfinite(running_var).all()):
+                break
+    return target, running_var.item()
+
+
 def rounding_stall(
     true_var: float,
     momentum: float,
@@ -442,20 +583,10 @@ def rounding_stall(
     return float(r)
 
 
-def manual_layer_norm(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    """Layer normalization over the last dimension, every step in ``x``'s dtype (lesson 04).
-
-    Written out by hand (mean, squared deviations, their mean, divide), the way many model
-    files do it, so each intermediate is rounded to ``x``'s dtype and can overflow there.
-    """
-    mean = x.mean(-1, keepdim=True)
-    var = (x - mean).pow(2).mean(-1, keepdim=True)
-    return (x - mean) / torch.sqrt(var + eps)
-
-
 @torch.no_grad()
 def layer_norm_errors(
     scales: Sequence[float],
+    by_hand: Callable[[torch.Tensor], torch.Tensor],
     dtypes: Sequence[torch.dtype] = (torch.float16, torch.bfloat16),
     rows: int = 64,
     width: int = 512,
@@ -466,7 +597,8 @@ def layer_norm_errors(
 
     For each scale ``s`` the input is ``s * (N(0, 1) + 2)`` (rows x width), rounded to each
     dtype. Two implementations run in that dtype: ``torch.nn.functional.layer_norm`` (PyTorch's
-    kernel) and :func:`manual_layer_norm`. The error is the largest ``|output - reference|``,
+    kernel) and ``by_hand`` (the lesson's hand-written layer norm over the last dimension, shown
+    in its notebook). The error is the largest ``|output - reference|``,
     the reference being float64 layer norm of the same rounded input; ``inf`` marks output
     that is not finite. Returns ``{"kernel float16": [...], "by hand float16": [...], ...}``.
     """
@@ -474,13 +606,13 @@ def layer_norm_errors(
     base = torch.randn(rows, width, generator=gen) + 2.0
     out: dict[str, list[float]] = {}
     for dtype in dtypes:
-        kernel, by_hand = [], []
+        kernel, by_hand_errors = [], []
         for s in scales:
             x = (base * s).to(device=device, dtype=dtype)
             ref = nn.functional.layer_norm(x.double(), (width,))
             for values, fn in (
                 (kernel, lambda t: nn.functional.layer_norm(t, (width,))),
-                (by_hand, manual_layer_norm),
+                (by_hand_errors, by_hand),
             ):
                 y = fn(x)
                 if not bool(torch.isfinite(y).all()):
@@ -488,7 +620,7 @@ def layer_norm_errors(
                 else:
                     values.append((y.double() - ref).abs().max().item())
         out[f"kernel {dtype_name(dtype)}"] = kernel
-        out[f"by hand {dtype_name(dtype)}"] = by_hand
+        out[f"by hand {dtype_name(dtype)}"] = by_hand_errors
     return out
 
 

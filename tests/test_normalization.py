@@ -11,20 +11,24 @@ from torch import nn
 from course.normalization import (
     FP16_MAX,
     RunningVarianceExplorer,
+    autocast_header_lists,
+    autocast_kernels,
     breast_cancer,
     compare_running_vars,
     dtype_name,
     evaluate,
     format_rows,
     input_norm_classifier,
+    kernel_stall,
     layer_norm_errors,
-    manual_layer_norm,
+    mixed_input_agreement,
     noisy_batches,
     norm_io_dtypes,
     norm_support,
     one_thread,
     record_norm_calls,
     rounding_stall,
+    rule_trace,
     running_var_trace,
     train_classifier,
     update_running_stats,
@@ -165,15 +169,15 @@ def test_rounding_stall():
         rounding_stall(1.0, 0.0, torch.float16)
 
 
-def test_manual_layer_norm_agrees_and_overflows_in_float16():
-    x = torch.randn(8, 32, dtype=torch.float64) * 5 + 3
-    torch.testing.assert_close(manual_layer_norm(x), nn.functional.layer_norm(x, (32,)))
-    big = (torch.randn(4, 64) * 1000).half()
-    assert bool((manual_layer_norm(big) == 0).all()), "the float16 variance overflows to inf"
+def _by_hand(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    # The lesson's hand-written layer norm: every intermediate stored in x's dtype.
+    mean = x.mean(-1, keepdim=True)
+    deviations = x - mean
+    return deviations / torch.sqrt(deviations.pow(2).mean(-1, keepdim=True) + eps)
 
 
 def test_layer_norm_errors():
-    errors = layer_norm_errors([1.0, 1000.0], rows=8, width=64)
+    errors = layer_norm_errors([1.0, 1000.0], _by_hand, rows=8, width=64)
     assert set(errors) == {
         "kernel float16",
         "by hand float16",
@@ -183,6 +187,63 @@ def test_layer_norm_errors():
     assert all(e < 0.05 for e in errors["kernel float16"] + errors["kernel bfloat16"])
     assert errors["by hand float16"][0] < 0.05 < errors["by hand float16"][1]
     assert errors["kernel bfloat16"][0] > errors["kernel float16"][0]
+    # The by-hand column is whatever function is passed: the kernel itself gives the same errors.
+    same = layer_norm_errors(
+        [1.0, 1000.0], lambda t: nn.functional.layer_norm(t, (64,)), rows=8, width=64
+    )
+    assert same["by hand float16"] == same["kernel float16"]
+    assert errors["kernel float16"] == same["kernel float16"]
+
+
+def test_mixed_input_agreement_compares_with_casting_first():
+    rows = mixed_input_agreement("cpu")
+    assert len(rows) == 10
+    assert {r["layer"] for r in rows} == {
+        "BatchNorm1d",
+        "BatchNorm2d",
+        "BatchNorm3d",
+        "LayerNorm",
+        "GroupNorm",
+    }
+    # This torch's CPU kernels accept float16 input beside float32 parameters and give the same
+    # bits as casting the input first (the lesson's claim rests on this measurement).
+    assert all(r["float16 input vs cast first"] == "same bits" for r in rows)
+
+
+def test_autocast_header_lists_and_kernels():
+    lists = autocast_header_lists(["batch_norm", "layer_norm", "linear", "no_such_op"])
+    assert lists is not None, "the CPU wheel ships torch/include/ATen/autocast_mode.h"
+    assert lists["batch_norm"] == [] and lists["no_such_op"] == []
+    assert lists["layer_norm"] == ["AT_FORALL_FP32"]
+    assert lists["linear"] == ["AT_FORALL_LOWER_PRECISION_FP"]
+    assert "AutocastCPU" in autocast_kernels("linear")
+    assert "AutocastCPU" not in autocast_kernels("batch_norm")
+    assert "AutocastCUDA" in autocast_kernels("layer_norm")
+    assert "AutocastCUDA" not in autocast_kernels("batch_norm")
+
+
+def test_rule_trace_against_the_kernel():
+    batches = noisy_batches(3000.0, steps=200, batch_size=32)
+    # float16 on this CPU: the kernel is the rule rounded once, step for step.
+    assert torch.equal(
+        rule_trace(batches, 0.01, torch.float16), running_var_trace(batches, 0.01, torch.float16)
+    )
+    exact = rule_trace(batches, 0.01, torch.float32)
+    assert exact.dtype == torch.float64 and exact.shape == (200,)
+    assert not torch.equal(
+        rule_trace(batches, 0.01, torch.bfloat16, round_weights=True),
+        rule_trace(batches, 0.01, torch.bfloat16),
+    )
+
+
+def test_kernel_stall_is_a_fixed_point_of_batch_norm():
+    target, stopped = kernel_stall(3000.0, 0.01, torch.float16)
+    assert abs(target - 3000.0) < 5
+    assert stopped == rounding_stall(target, 0.01, torch.float16)
+    target32, stopped32 = kernel_stall(3000.0, 0.5, torch.float32)
+    assert stopped32 == pytest.approx(target32, rel=1e-5)
+    _, blown = kernel_stall(1e6, 0.5, torch.float16)
+    assert math.isinf(blown)
 
 
 def test_one_thread_restores_count():

@@ -119,6 +119,49 @@ def half_with_fp32_norm(model):
     return model
 """,
     ),
+    "other_buffers_left_float32": (
+        "keep_norm_fp32",
+        """
+def half_with_fp32_norm(model):
+    # Wrong: converts only the parameters outside the normalization layers; floating point
+    # buffers of the other modules stay float32 (the contract sends every one to float16).
+    norm_types = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm)
+"""
+        + _HOOKS
+        + """
+    for module in model.modules():
+        if isinstance(module, norm_types):
+            module.register_forward_pre_hook(to_float32)
+            module.register_forward_hook(to_float16)
+        else:
+            for p in module.parameters(recurse=False):
+                p.data = p.data.half()
+    return model
+""",
+    ),
+    "affine_round_trip": (
+        "keep_norm_fp32",
+        """
+def half_with_fp32_norm(model):
+    # Wrong: saves and restores only the running statistics around model.half(), so the
+    # weight and bias of every normalization layer make a round trip through float16 and come
+    # back rounded (finite, close, but no longer their exact float32 values).
+    norm_types = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm)
+"""
+        + _HOOKS
+        + """
+    norms = [m for m in model.modules() if isinstance(m, norm_types)]
+    saved = [{n: b.clone() for n, b in m.named_buffers(recurse=False)} for m in norms]
+    model.half()
+    for m, buffers in zip(norms, saved):
+        m.float()
+        for n, b in buffers.items():
+            setattr(m, n, b)
+        m.register_forward_pre_hook(to_float32)
+        m.register_forward_hook(to_float16)
+    return model
+""",
+    ),
     "momentum_unchanged": (
         "bn_momentum",
         """
