@@ -162,6 +162,33 @@ def half_with_fp32_norm(model):
     return model
 """,
     ),
+    "root_tensors_skipped": (
+        "keep_norm_fp32",
+        """
+def half_with_fp32_norm(model):
+    # Wrong: walks the children recursively and converts each child's own tensors, but never
+    # the root module's: a model class that holds a parameter or buffer itself keeps it float32.
+    norm_types = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm)
+"""
+        + _HOOKS
+        + """
+    def convert(module):
+        for child in module.children():
+            if isinstance(child, norm_types):
+                child.register_forward_pre_hook(to_float32)
+                child.register_forward_hook(to_float16)
+                continue
+            for p in child.parameters(recurse=False):
+                p.data = p.data.half()
+            for name, b in child.named_buffers(recurse=False):
+                if b.is_floating_point():
+                    setattr(child, name, b.half())
+            convert(child)
+
+    convert(model)
+    return model
+""",
+    ),
     "momentum_unchanged": (
         "bn_momentum",
         """
