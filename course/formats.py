@@ -1,7 +1,8 @@
 """Number formats: what each floating point dtype can hold (lesson 01).
 
-Tables and sums the lesson measures; the graded exercises (bit decoding, cast fates, underflow
-fractions, safe scales, compensated sums) are left to the student.
+The table and the spacing curve the lesson shows; the experiments themselves (the running sums
+that swamp) and the graded exercises (bit decoding, cast fates, underflow fractions, safe scales,
+compensated sums) are written in the notebook.
 """
 
 from __future__ import annotations
@@ -21,6 +22,15 @@ FORMATS: tuple[torch.dtype, ...] = (
 )
 
 
+#: An integer dtype of each width, to read a floating dtype's bit patterns (lesson 01).
+_BITS_AS_INT: dict[int, torch.dtype] = {
+    8: torch.uint8,
+    16: torch.int16,
+    32: torch.int32,
+    64: torch.int64,
+}
+
+
 @dataclass(frozen=True)
 class FormatInfo:
     """The numbers that decide what a dtype can hold (from ``torch.finfo``)."""
@@ -35,8 +45,17 @@ class FormatInfo:
     eps: float
 
 
+def smallest_subnormal(dtype: torch.dtype) -> float:
+    """The smallest positive value of ``dtype``: its bit pattern 1, viewed as ``dtype``.
+
+    Read off the bits rather than derived from ``finfo`` (lesson 01).
+    """
+    one = torch.ones((), dtype=_BITS_AS_INT[torch.finfo(dtype).bits])
+    return float(one.view(dtype))
+
+
 def format_info(dtype: torch.dtype) -> FormatInfo:
-    """Range and precision of ``dtype``, read from ``torch.finfo`` (lesson 01)."""
+    """Range and precision of ``dtype``, read from ``torch.finfo`` and its bits (lesson 01)."""
     fi = torch.finfo(dtype)
     mantissa = round(-math.log2(fi.eps))
     exponent = fi.bits - 1 - mantissa
@@ -47,7 +66,7 @@ def format_info(dtype: torch.dtype) -> FormatInfo:
         mantissa_bits=mantissa,
         max=float(fi.max),
         smallest_normal=float(fi.smallest_normal),
-        smallest_subnormal=float(fi.smallest_normal) * float(fi.eps),
+        smallest_subnormal=smallest_subnormal(dtype),
         eps=float(fi.eps),
     )
 
@@ -67,21 +86,6 @@ def format_table(dtypes: tuple[torch.dtype, ...] = FORMATS) -> str:
             f"{i.smallest_subnormal:>15.6g}{i.eps:>12.6g}"
         )
     return "\n".join(rows)
-
-
-def naive_running_sum(value: float, count: int, dtype: torch.dtype) -> torch.Tensor:
-    """Add ``value`` to a ``dtype`` accumulator ``count`` times; returns every partial sum.
-
-    Shows swamping: once the sum is large, each addition of a small value rounds away
-    (lesson 01).
-    """
-    step = torch.tensor(value, dtype=dtype)
-    total = torch.zeros((), dtype=dtype)
-    partial = torch.empty(count, dtype=torch.float64)
-    for i in range(count):
-        total = total + step
-        partial[i] = float(total)
-    return partial
 
 
 def spacing(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

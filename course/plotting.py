@@ -9,10 +9,11 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 #: Where float16 values live, as powers of two: subnormals from 2**-24, normals from 2**-14,
-#: the largest finite value 65504 just under 2**16.
+#: the largest finite value 65504 just under 2**16; casts from 65520 up round to inf.
 FP16_SUBNORMAL_LOG2 = -24
 FP16_NORMAL_LOG2 = -14
 FP16_MAX_LOG2 = math.log2(65504.0)
+FP16_INF_LOG2 = math.log2(65520.0)
 
 
 def new_figure(width: float = 7.0, height: float = 3.5, ncols: int = 1) -> tuple[Figure, list]:
@@ -36,7 +37,11 @@ def plot_fp16_band(
 ) -> list[float]:
     """Histogram of ``log2|g * scale|`` over float16's zones: flushed, subnormal, normal, inf.
 
-    Returns the bar heights drawn. Introduced in lesson 01.
+    Every tensor in ``tensors`` is pooled into one histogram of its non-zero finite elements;
+    magnitudes outside the axis are counted in its first or last bin. The zones are where a
+    value lands *after* rounding to float16: at most ``2**-25`` flushes to 0 (exactly ``2**-25``
+    ties to even, 0), below about ``2**-14`` is subnormal, from 65520 up it is inf. Returns the
+    bar heights drawn. Introduced in lesson 01.
     """
     logs = log2_magnitudes(tensors, scale)
     lo, hi = -40.0, 24.0
@@ -48,11 +53,11 @@ def plot_fp16_band(
         alpha=0.15,
         label="subnormal (lost precision)",
     )
-    ax.axvspan(FP16_NORMAL_LOG2, FP16_MAX_LOG2, color="tab:green", alpha=0.10, label="normal")
-    ax.axvspan(FP16_MAX_LOG2, hi, color="tab:purple", alpha=0.12, label="overflows to inf")
+    ax.axvspan(FP16_NORMAL_LOG2, FP16_INF_LOG2, color="tab:green", alpha=0.10, label="normal")
+    ax.axvspan(FP16_INF_LOG2, hi, color="tab:purple", alpha=0.12, label="overflows to inf")
     counts, _, _ = ax.hist(logs.clamp(lo, hi).numpy(), bins=bins, range=(lo, hi), color="tab:blue")
     ax.set_xlim(lo, hi)
-    ax.set_xlabel("log2 |gradient x scale|")
+    ax.set_xlabel(f"log2 |gradient x scale|, before the cast (outside [{lo:g}, {hi:g}]: end bins)")
     ax.set_ylabel("elements")
     ax.set_title(title or f"gradients x 2^{math.log2(scale):g} against float16's range")
     ax.legend(loc="upper left", fontsize="small")

@@ -16,7 +16,10 @@ from course.plotting import new_figure, plot_fp16_band
 
 
 def overflow_fraction(tensors: list[torch.Tensor], scale: float) -> float:
-    """Fraction of the finite non-zero elements that become ±inf in float16 after scaling."""
+    """Fraction of the finite non-zero elements that become ±inf in float16 after scaling.
+
+    Cast on each tensor's own device, as ``(t.float() * scale).half()`` (lesson 01's widget).
+    """
     total = bad = 0
     for t in tensors:
         t = t.detach().float()
@@ -30,7 +33,8 @@ class LossScaleExplorer:
     """Lesson 01's widget: a loss-scale slider over a histogram of real gradients.
 
     ``underflow_fn`` is the student's ``underflow_fraction``: the widget shows what it returns
-    for the chosen scale, or says that it is not written yet.
+    for the chosen scale, or says that it is not written yet. The tensors stay on their device,
+    so the float16 casts behind both fractions run where the lesson runs.
     """
 
     def __init__(
@@ -41,7 +45,7 @@ class LossScaleExplorer:
     ) -> None:
         if not grads:
             raise ValueError("LossScaleExplorer needs at least one gradient tensor")
-        self.grads = [g.detach().cpu() for g in grads]
+        self.grads = [g.detach() for g in grads]
         self.underflow_fn = underflow_fn
         self.slider = W.IntSlider(
             value=log2_scale,

@@ -10,7 +10,8 @@ import torch
 import course
 from course import checks
 from course.data import digits, mlp, trained_gradients
-from course.formats import format_info, naive_running_sum, spacing
+from course.formats import format_info, smallest_subnormal, spacing
+from course.plotting import new_figure, plot_fp16_band
 from course.widgets import LossScaleExplorer, overflow_fraction
 
 
@@ -28,10 +29,28 @@ def test_format_info_matches_ieee_half_and_bfloat16():
     assert format_info(torch.float8_e5m2).max == 57344.0
 
 
-def test_swamping_figures_the_lesson_states():
-    assert naive_running_sum(0.01, 1000, torch.bfloat16)[-1].item() == 4.0
-    assert naive_running_sum(0.01, 1000, torch.float16)[-1].item() == pytest.approx(9.953, abs=1e-3)
-    assert naive_running_sum(0.01, 1000, torch.float32)[-1].item() == pytest.approx(10.0001, 1e-5)
+def test_smallest_subnormal_is_read_off_the_bits():
+    expected = {
+        torch.float32: 2.0**-149,
+        torch.float16: 2.0**-24,
+        torch.bfloat16: 2.0**-133,
+        torch.float8_e4m3fn: 2.0**-9,
+        torch.float8_e5m2: 2.0**-16,
+    }
+    for dtype, value in expected.items():
+        assert smallest_subnormal(dtype) == value, dtype
+        assert format_info(dtype).smallest_subnormal == value, dtype
+        assert float(torch.tensor(value / 2, dtype=torch.float64).to(dtype)) == 0.0, dtype
+
+
+def test_fp16_band_counts_every_nonzero_finite_element():
+    _, (ax,) = new_figure()
+    g = [torch.tensor([0.0, 1.0, -(2.0**-60), 2.0**30, float("inf"), float("nan")])]
+    heights = plot_fp16_band(ax, g, 1.0)
+    assert sum(heights) == 3  # 2**-60 and 2**30 land in the end bins; 0, inf and nan are left out
+    assert heights[0] == 1 and heights[-1] == 1
+    inf_zone = next(p for p in ax.patches if p.get_label() == "overflows to inf")
+    assert inf_zone.get_x() == pytest.approx(math.log2(65520.0))  # 65504..65520 round to 65504
 
 
 def test_spacing_is_one_ulp():

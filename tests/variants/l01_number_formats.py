@@ -105,6 +105,56 @@ def kahan_sum(values, dtype=torch.float16):
     return torch.as_tensor(values, dtype=dtype).sum()
 """,
     ),
+    "kahan_final_correction": (
+        "kahan_sum",
+        """
+def kahan_sum(values, dtype=torch.float16):
+    # Wrong: the recurrence, then a final correction s - c (the contract returns s itself); on a
+    # small value followed by a large one c is itself rounded, and s - c is a different number.
+    xs = torch.as_tensor(values, dtype=dtype).flatten()
+    s = torch.zeros((), dtype=dtype)
+    c = torch.zeros((), dtype=dtype)
+    for v in xs:
+        y = v - c
+        t = s + y
+        c = (t - s) - y
+        s = t
+    return s - c
+""",
+    ),
+    "kahan_neumaier": (
+        "kahan_sum",
+        """
+def kahan_sum(values, dtype=torch.float16):
+    # Wrong: Neumaier's variant (compensate by whichever operand is larger, add c at the end) is
+    # a different recurrence with different results, not the one the task states.
+    s = torch.zeros((), dtype=dtype)
+    c = torch.zeros((), dtype=dtype)
+    for v in torch.as_tensor(values, dtype=dtype).flatten():
+        t = s + v
+        if s.abs() >= v.abs():
+            c = c + ((s - t) + v)
+        else:
+            c = c + ((v - t) + s)
+        s = t
+    return s + c
+""",
+    ),
+    "kahan_compensation_in_float32": (
+        "kahan_sum",
+        """
+def kahan_sum(values, dtype=torch.float16):
+    # Wrong: s is rounded to dtype, but y, c and the differences are kept in float32.
+    s = torch.zeros((), dtype=dtype)
+    c = torch.zeros((), dtype=torch.float32)
+    for v in torch.as_tensor(values, dtype=dtype).flatten():
+        y = v.float() - c
+        t = (s.float() + y).to(dtype)
+        c = (t.float() - s.float()) - y
+        s = t
+    return s
+""",
+    ),
     # underflow_fraction ------------------------------------------------------------------------
     "underflow_counts_zeros": (
         "underflow_fraction",
@@ -144,6 +194,21 @@ def underflow_fraction(grads, scale):
         nonzero += int(keep.sum())
         lost += int(((g * scale).half().abs() < 2.0**-14)[keep].sum())
     return lost / nonzero if nonzero else 0.0
+""",
+    ),
+    "underflow_returns_tensor": (
+        "underflow_fraction",
+        """
+def underflow_fraction(grads, scale):
+    # Wrong: counts right but returns the 0-d tensor of the division, not a Python float.
+    if not grads:
+        return 0.0
+    flat = torch.cat([g.float().flatten() for g in grads])
+    nonzero = flat != 0
+    if not bool(nonzero.any()):
+        return 0.0
+    lost = ((flat * scale).half() == 0) & nonzero
+    return lost.sum() / nonzero.sum()
 """,
     ),
     # max_safe_scale ----------------------------------------------------------------------------
@@ -191,6 +256,75 @@ def max_safe_scale(grads):
     return float(2.0**k)
 """,
     ),
+    "safe_scale_abs_of_max": (
+        "max_safe_scale",
+        """
+def max_safe_scale(grads):
+    # Wrong: |max(g)| instead of max(|g|): a negative gradient larger in magnitude than every
+    # positive one is missed.
+    amax = max((abs(g.detach().max().double().item()) for g in grads if g.numel()), default=0.0)
+    if amax == 0.0:
+        raise ValueError("every gradient is zero")
+    k = math.floor(math.log2(65504.0 / amax))
+    while amax * 2.0 ** (k + 1) <= 65504.0:
+        k += 1
+    while amax * 2.0**k > 65504.0:
+        k -= 1
+    return float(2.0**k)
+""",
+    ),
+    "safe_scale_first_tensor": (
+        "max_safe_scale",
+        """
+def max_safe_scale(grads):
+    # Wrong: takes the largest magnitude of the first non-zero tensor only; the largest gradient
+    # of the list may sit in any of its tensors.
+    nonzero = [g for g in grads if g.numel() and bool((g != 0).any())]
+    if not nonzero:
+        raise ValueError("every gradient is zero")
+    amax = nonzero[0].detach().abs().max().double().item()
+    k = math.floor(math.log2(65504.0 / amax))
+    while amax * 2.0 ** (k + 1) <= 65504.0:
+        k += 1
+    while amax * 2.0**k > 65504.0:
+        k -= 1
+    return float(2.0**k)
+""",
+    ),
+    "safe_scale_returns_int": (
+        "max_safe_scale",
+        """
+def max_safe_scale(grads):
+    # Wrong: the right k, but 2**k with an int k >= 0 is a Python int, not the float asked for.
+    amax = max((g.detach().abs().max().double().item() for g in grads if g.numel()), default=0.0)
+    if amax == 0.0:
+        raise ValueError("every gradient is zero")
+    k = math.floor(math.log2(65504.0 / amax))
+    while amax * 2.0 ** (k + 1) <= 65504.0:
+        k += 1
+    while amax * 2.0**k > 65504.0:
+        k -= 1
+    return 2**k
+""",
+    ),
+    "safe_scale_in_float32": (
+        "max_safe_scale",
+        """
+def max_safe_scale(grads):
+    # Wrong: compares in float32; a float64 magnitude just above a boundary rounds onto it in
+    # float32, and the scale comes out one power of two too large.
+    present = [g.detach().abs().max().float() for g in grads if g.numel()]
+    amax = torch.stack(present).max() if present else torch.tensor(0.0)
+    if amax == 0:
+        raise ValueError("every gradient is zero")
+    k = 0
+    while amax * 2.0**k > 65504.0:
+        k -= 1
+    while amax * 2.0 ** (k + 1) <= 65504.0:
+        k += 1
+    return float(2.0**k)
+""",
+    ),
 }
 
 VALID = {
@@ -214,6 +348,15 @@ def fp16_bits(x):
     exponent = torch.bitwise_and(torch.bitwise_right_shift(bits, 10), 0b11111)
     mantissa = torch.bitwise_and(bits, 0b1111111111)
     return sign, exponent, mantissa
+""",
+    ),
+    "bits_masked_in_int16": (
+        "fp16_bits",
+        """
+def fp16_bits(x):
+    # Stays in int16: the arithmetic shift copies the sign bit, and each mask keeps only the field.
+    bits = x.view(torch.int16)
+    return (bits >> 15) & 1, (bits >> 10) & 0x1F, bits & 0x3FF
 """,
     ),
     # fp16_fate ---------------------------------------------------------------------------------
