@@ -9,7 +9,9 @@ submission a worker:
 2. checks the notebook can be graded at all (readable JSON, cells, this lesson's exercise ids);
    otherwise the result is a *rejected* row with the reason and zero points;
 3. runs ``nbgrader autograde`` there with :class:`grader.execute.SandboxedExecute` (the kernel
-   runs in the sandbox; nbgrader restores hidden tests, re-adds deleted test cells and scores);
+   runs in the sandbox; nbgrader restores hidden tests, re-adds deleted test cells and scores),
+   in a fresh child forked by the worker's warm nbgrader (:mod:`grader.forkserver`), so nbgrader's
+   imports are paid once per worker, not once per submission;
 4. writes the scores, statuses and the autograded notebook into ``.grader/<lesson>/`` (atomic
    rename), keyed by a hash of the submission and the lesson.
 
@@ -40,6 +42,7 @@ from pathlib import Path
 import nbformat
 
 from grader import REPO_ROOT
+from grader.forkserver import NbgraderServer
 from grader.keys import ensure_key, kernel_env
 from grader.nbtools import nbgrader, tool_env
 from grader.release import copy_course_skeleton
@@ -249,10 +252,12 @@ def grade_one(
     settings: Settings,
     work: Path,
     calibration: dict | None = None,
+    server: NbgraderServer | None = None,
 ) -> dict:
     """Grade one submission in a scratch course; returns the result record (not merged).
 
     ``calibration`` (from :func:`grader.calibrate.load`) gives each cell its own time limit.
+    ``server`` runs nbgrader warm (:mod:`grader.forkserver`); without one it starts afresh.
     """
     start = time.monotonic()
     result: dict = {
@@ -286,29 +291,24 @@ def grade_one(
         env = tool_env({"GRADER_SANDBOX": settings.to_env(), "GRADER_EVENTS": str(events)})
         if calibration:
             env["GRADER_CELL_LIMITS"] = json.dumps(calibration)
-        import subprocess
-        import sys
+        argv = ["autograde", template.lesson, f"--student={student}", "--create", "--force"]
+        timeout = settings.limits.notebook_timeout + 600
+        if server is not None:
+            proc = server.run(argv, scratch, env, timeout)
+        else:
+            import subprocess
+            import sys
 
-        # setpriv --pdeathsig: nbgrader (and with it the sandbox) dies if this grader dies.
-        prefix = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
-        proc = subprocess.run(
-            [
-                *prefix,
-                sys.executable,
-                "-m",
-                "nbgrader",
-                "autograde",
-                template.lesson,
-                f"--student={student}",
-                "--create",
-                "--force",
-            ],
-            cwd=scratch,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=settings.limits.notebook_timeout + 600,
-        )
+            # setpriv --pdeathsig: nbgrader (and with it the sandbox) dies if this grader dies.
+            prefix = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
+            proc = subprocess.run(
+                [*prefix, sys.executable, "-m", "nbgrader", *argv],
+                cwd=scratch,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
         autograded = scratch / "autograded" / student / template.lesson / f"{template.lesson}.ipynb"
         if proc.returncode != 0 or not autograded.is_file():
             log = (proc.stdout + proc.stderr).strip().splitlines()
@@ -516,6 +516,7 @@ def autograde(
     template = Template(root, lesson, work)
     lock = threading.Lock()
     slots = list(range(workers))
+    servers = {slot: NbgraderServer() for slot in slots}  # one warm nbgrader per worker
 
     def job(student: str, nb: Path) -> dict:
         with lock:
@@ -528,7 +529,7 @@ def autograde(
                 lesson_files=str(template.lesson_files),
                 kernel_env=kernel_env(course_key, student),
             )
-            return grade_one(template, student, nb, settings, work, calibration)
+            return grade_one(template, student, nb, settings, work, calibration, servers[slot])
         finally:
             with lock:
                 slots.append(slot)
@@ -568,6 +569,8 @@ def autograde(
         # On Ctrl-C: start nothing new; running jobs die with their nbgrader child and their
         # results are not recorded, so a re-run grades them again.
         pool.shutdown(wait=True, cancel_futures=True)
+        for server in servers.values():
+            server.close()
         if bar:
             bar.close()
     return sorted(outcomes, key=lambda o: o.student)

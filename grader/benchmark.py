@@ -124,6 +124,23 @@ def worker_phases(path: Path, per_submission: float) -> list[tuple[str, float]]:
     return rows
 
 
+def slow_cells(path: Path, top: int = 5) -> list[tuple[int, float, float, float]]:
+    """The cells with the longest single run across submissions: ``(index, min, median, max)``.
+
+    A cell whose max is far above its median waited on something in one run (the load of the
+    machine, a lock, a child): the figure to look at before the phases' means.
+    """
+    runs: dict[int, list[float]] = {}
+    for line in path.read_text().splitlines():
+        for index, seconds in (json.loads(line).get("cell_seconds") or {}).items():
+            runs.setdefault(int(index), []).append(float(seconds))
+    rows = []
+    for index, values in runs.items():
+        values.sort()
+        rows.append((index, values[0], values[len(values) // 2], values[-1]))
+    return sorted(rows, key=lambda r: -r[3])[:top]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m grader.benchmark",
@@ -193,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         del os.environ["GRADER_TIMING"]
         per_worker = sum(o.seconds for o in outcomes) / max(1, len(outcomes))
         phases = worker_phases(timing, per_worker) if timing.is_file() else []
+        slowest = slow_cells(timing) if timing.is_file() else []
         print(f"this grader ({args.workers} workers): {grader_s:.1f} s", flush=True)
 
     n = len(subs)
@@ -207,6 +225,11 @@ def main(argv: list[str] | None = None) -> int:
         print("where one worker's time per submission goes (mean seconds):")
         for name, seconds in phases:
             print(f"  {name:<46} {seconds:6.2f}")
+        print()
+    if slowest:
+        print("slowest cells in the grader (seconds over the submissions: min / median / max):")
+        for index, low, mid, high in slowest:
+            print(f"  cell {index:>3}: {low:6.2f} / {mid:6.2f} / {high:6.2f}")
         print()
     print(f"seconds per submission, plain serial nbgrader: {plain_s / n:7.1f}")
     print(f"seconds per submission, this grader:           {grader_s / n:7.1f}")

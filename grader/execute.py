@@ -107,7 +107,13 @@ class SandboxedExecute(Execute):
                     {"events": answer.get("events", []), "cells": cells, "timeouts": timeouts}, fh
                 )
         if os.environ.get("GRADER_TIMING"):
-            record_timing(os.environ["GRADER_TIMING"], begun, answer.get("timing") or {})
+            cells = {
+                str(c["index"]): c["seconds"]
+                for c in answer.get("cells", [])
+                if isinstance(c, dict) and isinstance(c.get("seconds"), (int, float))
+            }
+            timing = dict(answer.get("timing") or {}, cell_seconds=cells)
+            record_timing(os.environ["GRADER_TIMING"], begun, timing)
         return nb, resources
 
 
