@@ -12,8 +12,9 @@ import pytest
 from grader.forkserver import NbgraderServer
 from grader.nbtools import tool_env
 
-# nbgrader (any command but --version) loads ./nbgrader_config.py: it reports what the child saw, and imports a module of
-# the course folder as nbgrader's config imports the course's ``grader`` package.
+# nbgrader (any command but --version) loads ./nbgrader_config.py: it reports what the child
+# saw, and imports a module of the course folder as nbgrader's config imports the course's
+# ``grader`` package.
 CONFIG = """
 import json, os, sys
 import localmod
