@@ -1,13 +1,16 @@
-"""Loss scaling and master weights: runs, sweeps and a widget (lesson 02).
+"""Loss scaling and master weights: data, logs, sweeps, plots and a widget (lesson 02).
 
-The lesson's experiments train a small classifier on scikit-learn's digits in float16 with and
-without loss scaling, and the widget drives the real ``torch.amp.GradScaler`` with injected
-infs. The graded exercises (a dynamic loss scaler written by hand, fp32 master weights) are
-left to the student: nothing here implements them.
+The lesson's training loop itself (autocast, ``scaler.scale(loss).backward()``, ``step``,
+``update``) is written in the notebook; this module holds its plumbing: the batches, what each
+step records, the static-scale sweep, the float16 neighbours of a weight, and the widget that
+drives the real ``torch.amp.GradScaler`` with injected infs. The graded exercises (a dynamic
+loss scaler written by hand, fp32 master weights) are left to the student: nothing here
+implements them.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 from collections.abc import Callable
@@ -20,12 +23,9 @@ import torch
 from IPython.display import display
 from torch import nn
 
-from course.data import digits, mlp
+from course.data import digits
 from course.device import one_cpu_thread
 from course.plotting import new_figure
-
-#: The weight lesson 02 puts on its loss: it stands in for the tiny gradients of big models.
-LOSS_WEIGHT = 2.0**-16
 
 
 def small_model_threads(device: torch.device | str) -> AbstractContextManager[None]:
@@ -33,9 +33,40 @@ def small_model_threads(device: torch.device | str) -> AbstractContextManager[No
     return one_cpu_thread(device)
 
 
+def digit_batches(
+    device: torch.device | str, steps: int, batch_size: int = 256, seed: int = 0
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]:
+    """``steps`` random training batches of the digits and the test set (lesson 02).
+
+    Every run of the lesson trains on the same list, so runs differ only in their precision and
+    loss scaling. Returns ``(batches, (x_test, y_test))``, float32 inputs on ``device``.
+    """
+    if steps < 1 or batch_size < 1:
+        raise ValueError(f"steps and batch_size must be positive, got {steps}, {batch_size}")
+    x, y, x_test, y_test = digits(device, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    batches = []
+    for _ in range(steps):
+        idx = torch.randint(0, len(x), (batch_size,), generator=gen).to(x.device)
+        batches.append((x[idx], y[idx]))
+    return batches, (x_test, y_test)
+
+
+def zero_grad_fraction(model: nn.Module) -> float:
+    """The fraction of the model's gradient elements that are exactly zero (lesson 02)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    total = sum(g.numel() for g in grads)
+    zeros = sum(int((g == 0).sum()) for g in grads)
+    return zeros / total if total else 0.0
+
+
 @dataclass
-class RunHistory:
-    """What one training run recorded, step by step (lesson 02)."""
+class RunLog:
+    """What one training run recorded, step by step (lesson 02).
+
+    The lesson's training loop calls :meth:`record` once per step, after ``scaler.update()`` and
+    before the gradients are cleared, and :meth:`finish` at the end.
+    """
 
     label: str
     losses: list[float] = field(default_factory=list)
@@ -44,119 +75,74 @@ class RunHistory:
     skipped: list[bool] = field(default_factory=list)
     test_accuracy: float = float("nan")
 
+    def record(self, loss: torch.Tensor, model: nn.Module, before: float, after: float) -> None:
+        """Log the step's loss, its zero gradients and the scale; a scale that went down (from
+        ``before`` to ``after``) means the scaler skipped this step."""
+        self.losses.append(float(loss.detach()))
+        self.zero_fraction.append(zero_grad_fraction(model))
+        self.scales.append(float(after))
+        self.skipped.append(float(after) < float(before))
+
+    def finish(self, model: nn.Module, x_test: torch.Tensor, y_test: torch.Tensor) -> RunLog:
+        """Measure the test accuracy (in float32, without autocast) and return the log."""
+        with torch.no_grad():
+            pred = model(x_test).argmax(1)
+        self.test_accuracy = float((pred == y_test).float().mean())
+        return self
+
     @property
     def skipped_steps(self) -> list[int]:
         """The indices of the steps whose optimizer step was skipped."""
         return [i for i, s in enumerate(self.skipped) if s]
 
 
-def _zero_fraction(model: nn.Module) -> float:
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    total = sum(g.numel() for g in grads)
-    zeros = sum(int((g == 0).sum()) for g in grads)
-    return zeros / total if total else 0.0
+def plot_runs(runs: dict[str, RunLog], title: str) -> None:
+    """Lesson 02's two panels: the training loss and the fraction of zero gradients per step."""
+    import matplotlib.pyplot as plt
 
-
-def train_digits(
-    device: torch.device | str,
-    mode: str = "fp32",
-    steps: int = 150,
-    static_scale: float = 1.0,
-    scaler: Any = None,
-    loss_weight: float = LOSS_WEIGHT,
-    batch_size: int = 256,
-    lr: float = 2e-3,
-    seed: int = 0,
-) -> RunHistory:
-    """Train an MLP on digits with Adam and record every step (lesson 02).
-
-    ``mode`` is ``"fp32"`` (no autocast) or ``"fp16"`` (float16 autocast on ``device``). The loss
-    is multiplied by ``loss_weight``; Adam with a tiny ``eps`` ignores the overall size of the
-    gradients, so in float32 the weight changes nothing, while in float16 it pushes gradients
-    below the smallest subnormal. With ``static_scale`` the loss is multiplied by that constant
-    before ``backward`` and the gradients divided by it afterwards, in float32, with no check for
-    inf. With ``scaler`` (``torch.amp.GradScaler`` or any object with ``scale``, ``step``,
-    ``update`` and ``get_scale``), the scaler does the scaling and decides which steps to skip.
-    """
-    if mode not in ("fp32", "fp16"):
-        raise ValueError(f"mode should be 'fp32' or 'fp16', got {mode!r}")
-    device = torch.device(device)
-    x, y, x_test, y_test = digits(device, seed=seed)
-    torch.manual_seed(seed)
-    model = mlp((64, 64, 64, 10)).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=lr, eps=1e-12)
-    batches = torch.Generator().manual_seed(seed + 1)
-    label = mode if scaler is None else f"{mode} + {type(scaler).__name__}"
-    if static_scale != 1.0:
-        label += f" x 2^{math.log2(static_scale):g}"
-    history = RunHistory(label)
-    with small_model_threads(device):
-        for _ in range(steps):
-            idx = torch.randint(0, len(x), (batch_size,), generator=batches).to(device)
-            opt.zero_grad(set_to_none=True)
-            with torch.autocast(device.type, dtype=torch.float16, enabled=mode == "fp16"):
-                loss = nn.functional.cross_entropy(model(x[idx]), y[idx]) * loss_weight
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                history.zero_fraction.append(_zero_fraction(model))
-                before = scaler.get_scale()
-                scaler.step(opt)
-                scaler.update()
-                history.scales.append(scaler.get_scale())
-                history.skipped.append(history.scales[-1] < before)
-            else:
-                (loss * static_scale).backward()
-                history.zero_fraction.append(_zero_fraction(model))
-                if static_scale != 1.0:
-                    for p in model.parameters():
-                        p.grad.div_(static_scale)
-                opt.step()
-                history.scales.append(static_scale)
-                history.skipped.append(False)
-            history.losses.append(loss.item() / loss_weight)
-    with torch.no_grad():
-        pred = model(x_test).argmax(1)
-    history.test_accuracy = float((pred == y_test).float().mean())
-    return history
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6))
+    for name, log in runs.items():
+        ax1.plot(log.losses, label=name)
+        ax2.plot(log.zero_fraction, label=name)
+    ax1.set(xlabel="step", ylabel="training loss", title=title)
+    ax2.set(xlabel="step", ylabel="fraction of gradient elements == 0",
+            title="gradients that are exactly zero", ylim=(0, 1.02))  # fmt: skip
+    ax1.legend(fontsize="small")
+    ax2.legend(fontsize="small")
+    plt.show()
 
 
 def scale_sweep(
-    device: torch.device | str,
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
     log2_scales: list[int],
-    loss_weight: float = LOSS_WEIGHT,
-    batch_size: int = 256,
-    seed: int = 0,
+    dtype: torch.dtype = torch.float16,
 ) -> dict[str, list[float]]:
-    """At the untrained model of :func:`train_digits`, what a static scale does (lesson 02).
+    """What a static loss scale does to one backward pass of ``model`` (lesson 02).
 
-    For each ``2**k`` the float16 autocast backward runs on the scaled loss. Returns the fraction
-    of the weight-gradient elements that are non-zero in float32 but zero in float16 (``lost``),
-    the fraction that are inf or nan (``overflow``), and the relative error of the unscaled
-    float16 gradients against float32 (``rel_error``, nan when anything overflowed).
+    For each ``2**k`` the cross-entropy of ``model(x)`` under ``dtype`` autocast (on ``x``'s
+    device) is multiplied by the scale and back-propagated. Returns the fraction of the
+    gradient elements that are non-zero in float32 but zero here (``lost``), the fraction that are
+    inf or nan (``overflow``), and the relative error of the unscaled gradients against float32
+    (``rel_error``, nan when anything overflowed). The model's gradients are cleared afterwards.
     """
-    device = torch.device(device)
-    x, y, _, _ = digits(device, seed=seed)
-    torch.manual_seed(seed)
-    model = mlp((64, 64, 64, 10)).to(device)
-    xb, yb = x[:batch_size], y[:batch_size]
+    device_type = x.device.type
 
     def grads(scale: float, amp: bool) -> list[torch.Tensor]:
         model.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.float16, enabled=amp):
-            loss = nn.functional.cross_entropy(model(xb), yb) * loss_weight
+        with torch.amp.autocast(device_type, dtype=dtype, enabled=amp):
+            loss = nn.functional.cross_entropy(model(x), y)
         (loss * scale).backward()
-        return [p.grad.detach().clone() / scale for p in model.parameters()]
+        return [p.grad.detach().float() / scale for p in model.parameters()]
 
-    with small_model_threads(device):
+    with small_model_threads(x.device):
         ref = grads(1.0, False)
         nonzero = sum(int((g != 0).sum()) for g in ref)
         norm = sum(float(g.abs().sum()) for g in ref)
         out: dict[str, list[float]] = {
-            "log2_scale": [],
-            "lost": [],
-            "overflow": [],
-            "rel_error": [],
-        }
+            "log2_scale": [], "lost": [], "overflow": [], "rel_error": []
+        }  # fmt: skip
         for k in log2_scales:
             half = grads(2.0**k, True)
             lost = sum(int(((h == 0) & (r != 0)).sum()) for h, r in zip(half, ref, strict=True))
@@ -166,7 +152,23 @@ def scale_sweep(
             out["lost"].append(lost / nonzero)
             out["overflow"].append(bad / sum(h.numel() for h in half))
             out["rel_error"].append(err / norm if bad == 0 else float("nan"))
+    model.zero_grad(set_to_none=True)
     return out
+
+
+def fp16_neighbours(w: float) -> tuple[float, float, float]:
+    """``(below, w16, above)``: ``w`` rounded to float16 and its two float16 neighbours (lesson 02).
+
+    Found by stepping the bit pattern by one, as lesson 01 decoded it; for a positive power of two
+    the gap below is half the gap above.
+    """
+    w16 = torch.tensor(w, dtype=torch.float16)
+    if not bool(torch.isfinite(w16)) or float(w16) == 0.0:
+        raise ValueError(f"{w} is zero or not finite in float16")
+    bits = w16.view(torch.int16)
+    below = (bits - 1).view(torch.float16) if w > 0 else (bits + 1).view(torch.float16)
+    above = (bits + 1).view(torch.float16) if w > 0 else (bits - 1).view(torch.float16)
+    return float(below), float(w16), float(above)
 
 
 def lost_update_fraction(
@@ -211,20 +213,21 @@ def accumulate(
 
 
 def digits_logistic_fp16(
-    device: torch.device | str, seed: int = 0
+    device: torch.device | str, weight_std: float = 0.02, seed: int = 0
 ) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """A float16 linear classifier for digits and the data in float16 inputs (lesson 02).
+    """A float16 linear classifier for digits and the data as float16 inputs (lesson 02).
 
-    The weights start uniform in [-1, 1], so small SGD updates fall below the 2^-11
-    relative step float16 can take. Returns ``(model, (x, y, x_test, y_test))``.
+    The weights start normal with std ``weight_std`` (0.02 is GPT-2's and lesson 09's choice, and
+    the size of typical pretrained linear weights) and the bias at zero. Returns
+    ``(model, (x, y, x_test, y_test))``.
     """
     device = torch.device(device)
     x, y, x_test, y_test = digits(device, seed=seed)
     torch.manual_seed(seed)
     model = nn.Linear(64, 10)
     with torch.no_grad():
-        model.weight.uniform_(-1.0, 1.0)
-        model.bias.uniform_(-1.0, 1.0)
+        model.weight.normal_(0.0, weight_std)
+        model.bias.zero_()
     return model.to(device).half(), (x.half(), y, x_test.half(), y_test)
 
 
@@ -234,7 +237,7 @@ def simulate_grad_scaler(
     growth_interval: int = 20,
     growth_factor: float = 2.0,
     backoff_factor: float = 0.5,
-    init_scale: float = 2.0**16,
+    init_scale: float | None = None,
     ceiling_log2: float | None = None,
     seed: int = 0,
     scaler_factory: Callable[..., Any] | None = None,
@@ -246,8 +249,11 @@ def simulate_grad_scaler(
     above ``2**ceiling_log2`` (a stand-in for the largest gradient of a real model). Returns the
     scale after each ``update()`` and which steps overflowed. ``scaler_factory`` (same keyword
     arguments as GradScaler, without the device) lets the lesson run another scaler, such as the
-    student's, through the same steps.
+    student's, through the same steps. ``init_scale=None`` starts at GradScaler's own default,
+    read from its signature.
     """
+    if init_scale is None:
+        init_scale = inspect.signature(torch.amp.GradScaler).parameters["init_scale"].default
     if not 0.0 <= overflow_rate <= 1.0:
         raise ValueError(f"overflow_rate must lie in [0, 1], got {overflow_rate}")
     rng = random.Random(seed)

@@ -6,16 +6,19 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 from course.loss_scaling import (
-    LOSS_WEIGHT,
+    RunLog,
     ScaleTrajectoryExplorer,
     accumulate,
+    digit_batches,
     digits_logistic_fp16,
+    fp16_neighbours,
     lost_update_fraction,
     scale_sweep,
     simulate_grad_scaler,
-    train_digits,
+    zero_grad_fraction,
 )
 
 
@@ -92,40 +95,83 @@ def test_accumulate_stagnates_in_float16_but_not_with_a_master():
     assert 1.04 < master[-1] < 1.06
 
 
-def test_train_digits_records_each_step():
-    fp32 = train_digits("cpu", "fp32", steps=3)
-    fp16 = train_digits("cpu", "fp16", steps=3)
-    assert len(fp32.losses) == len(fp32.zero_fraction) == len(fp32.scales) == 3
-    assert fp32.losses[0] == pytest.approx(fp16.losses[0], rel=1e-2)
-    # The loss weight pushes the float16 gradients below float16's range.
-    assert fp16.zero_fraction[0] > 0.8 > fp32.zero_fraction[0]
-    scaled = train_digits("cpu", "fp16", steps=2, static_scale=2.0**16)
-    assert scaled.zero_fraction[0] < 0.5 and scaled.label.endswith("2^16")
+def test_lost_update_fraction_downwards_matches_inside_the_binade():
+    ratios = torch.tensor([-(2.0**-10), -(2.0**-11.5), -(2.0**-13)], dtype=torch.float64)
+    lost = lost_update_fraction(ratios)
+    assert lost[0] == 0.0 and lost[2] == 1.0
+    assert 0.4 < lost[1] < 0.6
+
+
+def test_fp16_neighbours_gap_below_a_power_of_two_is_half():
+    below, w, above = fp16_neighbours(2.0**-6)
+    assert w == 2.0**-6
+    assert above - w == 2.0**-16 and w - below == 2.0**-17
+    below, w, above = fp16_neighbours(-1.5)
+    assert below < w < above and above - w == w - below == 2.0**-10
     with pytest.raises(ValueError):
-        train_digits("cpu", "bf16", steps=1)
+        fp16_neighbours(0.0)
+    with pytest.raises(ValueError):
+        fp16_neighbours(1e6)
 
 
-def test_train_digits_with_a_scaler_reports_skips():
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**44)
-    run = train_digits("cpu", "fp16", steps=4, scaler=scaler)
-    assert run.skipped[0] and run.scales[0] == 2.0**43
-    assert run.skipped_steps == [i for i, s in enumerate(run.skipped) if s]
+def test_digit_batches_are_reproducible_and_sized():
+    batches, (x_test, y_test) = digit_batches("cpu", 3, batch_size=16)
+    again, _ = digit_batches("cpu", 3, batch_size=16)
+    assert len(batches) == 3 and batches[0][0].shape == (16, 64) and batches[0][1].shape == (16,)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(batches, again, strict=True))
+    assert not torch.equal(batches[0][0], batches[1][0])
+    assert x_test.dtype == torch.float32 and len(x_test) == len(y_test)
+    with pytest.raises(ValueError):
+        digit_batches("cpu", 0)
 
 
-def test_scale_sweep_finds_underflow_and_overflow():
-    sweep = scale_sweep("cpu", [0, 16, 44])
-    assert sweep["log2_scale"] == [0.0, 16.0, 44.0]
-    assert sweep["lost"][0] > 0.5
-    assert sweep["lost"][1] < 0.01 and sweep["overflow"][1] == 0.0
-    assert sweep["overflow"][2] > 0.0 and math.isnan(sweep["rel_error"][2])
-    assert LOSS_WEIGHT == 2.0**-16
+def _deep_sigmoid(depth: int = 7) -> nn.Module:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for n_in in [64] + [64] * (depth - 2):
+        layers += [nn.Linear(n_in, 64), nn.Sigmoid()]
+    return nn.Sequential(*layers, nn.Linear(64, 10))
 
 
-def test_digits_logistic_fp16_is_float16():
+def test_run_log_records_skips_and_accuracy():
+    model = nn.Linear(2, 3)
+    log = RunLog("t")
+    loss = model(torch.ones(1, 2)).sum()
+    loss.backward()
+    with torch.no_grad():
+        model.weight.grad[0, 0] = 0.0
+    log.record(loss, model, 8.0, 8.0)
+    log.record(loss, model, 8.0, 4.0)
+    assert log.skipped == [False, True] and log.skipped_steps == [1] and log.scales == [8.0, 4.0]
+    assert (
+        log.zero_fraction[0] == pytest.approx(zero_grad_fraction(model))
+        and 0 < log.zero_fraction[0]
+    )
+    x, y = torch.randn(10, 2), torch.zeros(10, dtype=torch.long)
+    assert 0.0 <= log.finish(model, x, y).test_accuracy <= 1.0
+
+
+def test_scale_sweep_finds_underflow_and_overflow_in_a_deep_sigmoid_net():
+    batches, _ = digit_batches("cpu", 1, batch_size=128)
+    model = _deep_sigmoid()
+    sweep = scale_sweep(model, *batches[0], [0, 14, 40])
+    assert sweep["log2_scale"] == [0.0, 14.0, 40.0]
+    # The first layer's float16 gradients underflow without a scale.
+    assert sweep["lost"][0] > 0.05
+    assert sweep["lost"][1] < 1e-3 and sweep["overflow"][1] == 0.0
+    assert sweep["overflow"][2] > 0.5 and math.isnan(sweep["rel_error"][2])
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_digits_logistic_fp16_is_float16_with_small_weights():
     model, (x, y, x_test, y_test) = digits_logistic_fp16("cpu")
     assert all(p.dtype == torch.float16 for p in model.parameters())
     assert x.dtype == x_test.dtype == torch.float16 and y.dtype == torch.long
     assert model(x).shape == (len(x), 10)
+    assert 0.015 < float(model.weight.detach().float().std()) < 0.025
+    assert not model.bias.detach().any()
+    wide, _ = digits_logistic_fp16("cpu", weight_std=0.5)
+    assert float(wide.weight.detach().float().std()) > 0.4
 
 
 def test_small_model_threads_restores_the_thread_count():

@@ -217,6 +217,68 @@ VARIANTS = {
                         p.grad.mul_(self._inv)
         return optimizer.step()""",
     ),
+    # Wrong: the new scale is a float32 product (a float32 tensor times a Python float is
+    # computed in float32), not float(scale) * factor in float64 rounded to float32.
+    "scale_product_in_float32": _scaler(
+        """            self._scale = torch.tensor(float(self._scale) * self._backoff_factor,
+                                       dtype=torch.float32)""",
+        """            self._scale = self._scale * self._backoff_factor""",
+        """                grown = torch.tensor(float(self._scale) * self._growth_factor,
+                                     dtype=torch.float32)""",
+        """                grown = self._scale * self._growth_factor""",
+    ),
+    # Wrong: the scale is a Python float (float64) that is never rounded to float32.
+    "scale_kept_in_float64": _scaler(
+        """            self._scale = torch.tensor(float(self._scale) * self._backoff_factor,
+                                       dtype=torch.float32)""",
+        """            self._scale = torch.tensor(float(self._scale) * self._backoff_factor,
+                                       dtype=torch.float64)""",
+        """                grown = torch.tensor(float(self._scale) * self._growth_factor,
+                                     dtype=torch.float32)""",
+        """                grown = torch.tensor(float(self._scale) * self._growth_factor,
+                                     dtype=torch.float64)""",
+        """        self._scale = torch.tensor(init_scale, dtype=torch.float32)""",
+        """        self._scale = torch.tensor(init_scale, dtype=torch.float64)""",
+    ),
+    # Wrong: once one optimizer found an inf, every optimizer stepped after it is skipped too
+    # (only the optimizer whose own gradients overflowed skips; update() backs off once).
+    "skips_every_optimizer_after_an_inf": _scaler(
+        """        if self._found_inf[key]:
+            return None""",
+        """        if any(self._found_inf.values()):
+            return None""",
+    ),
+    # Wrong: update() never forgets the iteration's records, so the next iteration's step()
+    # thinks it has already unscaled and reuses the old inf verdict.
+    "records_kept_across_iterations": _scaler(
+        """        self._started = True
+        self._stage = {}
+        self._found_inf = {}""",
+        """        self._started = True""",
+    ),
+    # Wrong: load_state_dict restores the scale and the factors but restarts the growth count.
+    "load_forgets_growth_tracker": _scaler(
+        """        self._tracker = int(d["_growth_tracker"])""",
+        """        self._tracker = 0""",
+    ),
+    # Wrong: unscale_ stops multiplying at the first inf or nan ("the step is skipped anyway"),
+    # leaving the other gradients scaled.
+    "unscale_stops_at_first_inf": _scaler(
+        """                    if not bool(torch.isfinite(p.grad).all()):
+                        found = True
+                    p.grad.mul_(inv_scale)""",
+        """                    if found:
+                        break
+                    if not bool(torch.isfinite(p.grad).all()):
+                        found = True
+                    p.grad.mul_(inv_scale)""",
+    ),
+    # Wrong: get_scale() returns the float32 scale even before the first scale() call, where
+    # GradScaler returns the init_scale it was given.
+    "get_scale_rounded_before_first_scale": _scaler(
+        """        return float(self._scale) if self._started else float(self._init_scale)""",
+        """        return float(self._scale)""",
+    ),
     # Wrong: the master gradients are not divided by the loss scale.
     "master_not_unscaled": _master(
         "m.grad = p.grad.detach().float() / scale",
@@ -226,6 +288,30 @@ VARIANTS = {
     "master_steps_on_inf": _master(
         "    if not found_inf:\n        optimizer.step()",
         "    if True:\n        optimizer.step()",
+    ),
+    # Wrong: divides the float16 gradient by the scale in float16, then converts: the small
+    # unscaled values round (or underflow) in float16 before reaching float32.
+    "master_unscales_in_float16": _master(
+        "m.grad = p.grad.detach().float() / scale",
+        "m.grad = (p.grad.detach() / scale).float()",
+    ),
+    # Wrong: copies the masters into the model before the optimizer step, so the float16 model
+    # is always one step behind its masters.
+    "master_copied_back_before_step": _master(
+        """        optimizer.step()
+        with torch.no_grad():
+            for p, m in zip(params, master_params):
+                p.copy_(m)""",
+        """        with torch.no_grad():
+            for p, m in zip(params, master_params):
+                p.copy_(m)
+        optimizer.step()""",
+    ),
+    # Wrong: clears the masters' gradients but not the model's, so the next backward adds to
+    # the old float16 gradients.
+    "master_keeps_model_grads": _master(
+        "    model.zero_grad(set_to_none=True)\n",
+        "",
     ),
     # Wrong: the master weights are updated but never copied back into the float16 model.
     "master_not_copied_back": _master(
