@@ -1,17 +1,22 @@
 """Gradient accumulation, clipping and checkpoints with a GradScaler (lesson 05).
 
-Helpers for measuring what an accumulated step did, and the lesson's widget. Nothing here
-performs an accumulated optimizer step or saves a training state: the lesson asks students to
-write those (``accumulated_step``, ``save_training_state``, ``load_training_state``), and the
-widget runs the student's ``accumulated_step``.
+Helpers for measuring what an accumulated step did, the lesson's widget, a reader of the
+installed torch's source (:func:`torch_source_lines`, so the lesson quotes the release it runs
+on) and the two-process FSDP2 measurement of where accumulated gradients are summed
+(:func:`fsdp2_accumulation`). Nothing here performs an accumulated optimizer step or saves a
+training state: the lesson asks students to write those (``accumulated_step``,
+``save_training_state``, ``load_training_state``), and the widget runs the student's
+``accumulated_step``.
 """
 
 from __future__ import annotations
 
 import copy
 import html
+import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import ipywidgets as W
 import torch
@@ -336,3 +341,124 @@ class AccumulationExplorer:
 
     def _ipython_display_(self) -> None:
         display(self.widget)
+
+
+# --------------------------------------------------------------------------------------------
+# Quoting the installed torch
+
+
+def torch_source_lines(obj: object, *needles: str, context: int = 0) -> str:
+    """The lines of ``obj``'s source that contain any of ``needles``, as ``file:line: text``
+    (lesson 05).
+
+    ``obj`` is a function, method or class of the installed torch (or any Python object with
+    source). ``context`` lines before and after each match are included; runs of lines are
+    separated by ``...``. The path is relative to the ``torch`` package, so the lesson shows
+    which file of this release says what it quotes. Raises ValueError when no line matches.
+    """
+    obj = inspect.unwrap(obj)  # decorated functions: the decorated function's own file
+    lines, first = inspect.getsourcelines(obj)
+    path = Path(inspect.getsourcefile(obj) or "?")
+    parts = path.parts
+    shown = "/".join(parts[parts.index("torch") :]) if "torch" in parts else path.name
+    keep: set[int] = set()
+    for i, line in enumerate(lines):
+        if any(n in line for n in needles):
+            keep.update(range(max(0, i - context), min(len(lines), i + context + 1)))
+    if not keep:
+        raise ValueError(f"none of {needles!r} occurs in the source of {obj!r}")
+    out: list[str] = []
+    previous = None
+    for i in sorted(keep):
+        if previous is not None and i != previous + 1:
+            out.append("    ...")
+        out.append(f"{shown}:{first + i}: {lines[i].rstrip()}")
+        previous = i
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------------
+# Where FSDP2 sums the gradients of accumulated micro-batches (measured on real processes)
+
+#: The FSDP2 settings :func:`fsdp2_accumulation` compares: ``(label, reduce_dtype, sync every
+#: micro-batch)``, all with ``param_dtype=torch.bfloat16``. The last one is the reference.
+FSDP2_SETTINGS: tuple[tuple[str, torch.dtype | None, bool], ...] = (
+    ("no sync, reduce_dtype unset", None, False),
+    ("no sync, reduce_dtype bfloat16", torch.bfloat16, False),
+    ("no sync, reduce_dtype float32", torch.float32, False),
+    ("sync every micro-batch, reduce_dtype unset", None, True),
+    ("sync every micro-batch, reduce_dtype float32", torch.float32, True),
+)
+
+
+def _held_gradient_dtype(model: nn.Module) -> torch.dtype | None:
+    """The dtype of the unsharded gradient FSDP2 keeps between backward passes, if any.
+
+    Read from FSDP2's own bookkeeping (torch 2.13, ``_fsdp_param.py``): an upcast copy in
+    ``FSDPParam.unsharded_accumulated_grad`` when ``reduce_dtype`` differs from ``param_dtype``,
+    else the unsharded parameter's ``.grad``. ``None`` once the gradient has been reduced.
+    """
+    state = model._get_fsdp_state()  # type: ignore[operator]
+    fsdp_param = state._fsdp_param_group.fsdp_params[0]
+    grad = fsdp_param.unsharded_accumulated_grad
+    if grad is None:
+        grad = getattr(fsdp_param._unsharded_param, "grad", None)
+    return None if grad is None else grad.dtype
+
+
+def fsdp2_accumulation_worker(rank: int, world_size: int, micro_batches: int) -> dict:
+    """Inside a rank: accumulate ``micro_batches`` backward passes under each of
+    :data:`FSDP2_SETTINGS` (lesson 05).
+
+    A small MLP, the same weights on every rank, is sharded with ``fully_shard`` under
+    ``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=...)``. Each rank runs its
+    own micro-batches of 2 examples, each loss divided by the count; without sync,
+    ``set_requires_gradient_sync(False)`` holds for all but the last. Returns, per setting,
+    the dtype of the gradient FSDP2 holds after the first micro-batch, the dtype of the sharded
+    ``.grad`` at the end and the full gradients (gathered, float32).
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from course.sharded import full, rank_mesh
+
+    gen = torch.Generator().manual_seed(0)
+    xs = torch.randn(world_size, micro_batches, 2, 16, generator=gen)
+    ys = torch.randint(0, 8, (world_size, micro_batches, 2), generator=gen)
+    mesh = rank_mesh()
+    results = {}
+    for label, reduce_dtype, sync_each in FSDP2_SETTINGS:
+        torch.manual_seed(0)
+        model = mlp((16, 64, 8))
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        held = None
+        for i in range(micro_batches):
+            model.set_requires_gradient_sync(sync_each or i == micro_batches - 1)
+            out = model(xs[rank, i])
+            (nn.functional.cross_entropy(out.float(), ys[rank, i]) / micro_batches).backward()
+            if i == 0:
+                held = _held_gradient_dtype(model)
+        params = list(model.parameters())
+        results[label] = {
+            "held": held,
+            "sharded": params[0].grad.dtype,
+            "grads": [full(p.grad).float() for p in params],
+        }
+    return results
+
+
+def fsdp2_accumulation(micro_batches: int = 16, world_size: int = 2) -> dict[str, dict]:
+    """Where FSDP2 sums accumulated gradients, measured on ``world_size`` processes (lesson 05).
+
+    Runs :func:`fsdp2_accumulation_worker` with :func:`course.launch.launch` (gloo, CPU ranks)
+    and returns rank 0's results, each with ``difference``: the relative difference of its
+    gradients from those of the last setting of :data:`FSDP2_SETTINGS` (every micro-batch
+    reduced in float32 and added into the float32 sharded gradient).
+    """
+    from course.launch import launch
+
+    results = launch(fsdp2_accumulation_worker, world_size, args=(micro_batches,))[0]
+    reference = results[FSDP2_SETTINGS[-1][0]]["grads"]
+    for entry in results.values():
+        entry["difference"] = relative_difference(entry["grads"], reference)
+    return results

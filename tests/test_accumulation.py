@@ -212,3 +212,39 @@ def test_widget_refuses_counts_that_do_not_divide_the_batch():
     net, x, y = _problem(n=10)
     with pytest.raises(ValueError):
         AccumulationExplorer(_simple_step, net, x, y, counts=(1, 3))
+
+
+def test_torch_source_lines_quotes_the_installed_release():
+    import inspect
+
+    from course.accumulation import torch_source_lines
+
+    text = torch_source_lines(torch.optim.lr_scheduler.LRScheduler.step, "_opt_called")
+    lines = text.splitlines()
+    assert lines and all(line.startswith("torch/optim/lr_scheduler.py:") for line in lines)
+    source, first = inspect.getsourcelines(torch.optim.lr_scheduler.LRScheduler.step)
+    number = int(lines[0].split(":")[1])
+    assert "_opt_called" in source[number - first]
+    with_context = torch_source_lines(
+        torch.optim.lr_scheduler.LRScheduler.step, "_opt_called", "Detected call", context=1
+    )
+    assert len(with_context.splitlines()) > len(lines)
+    with pytest.raises(ValueError):
+        torch_source_lines(torch.optim.lr_scheduler.LRScheduler.step, "no such text here")
+
+
+def test_fsdp2_accumulation_sums_in_the_reduce_dtype_or_param_dtype():
+    from course.accumulation import FSDP2_SETTINGS, fsdp2_accumulation
+
+    runs = fsdp2_accumulation(micro_batches=4)
+    assert list(runs) == [label for label, _, _ in FSDP2_SETTINGS]
+    by = {(rd, sync): runs[label] for label, rd, sync in FSDP2_SETTINGS}
+    assert by[None, False]["held"] == torch.bfloat16
+    assert by[torch.bfloat16, False]["held"] == torch.bfloat16
+    assert by[torch.float32, False]["held"] == torch.float32
+    assert by[None, True]["held"] is None and by[torch.float32, True]["held"] is None
+    assert all(run["sharded"] == torch.float32 for run in runs.values())
+    assert by[torch.float32, True]["difference"] == 0.0
+    assert by[torch.float32, False]["difference"] < 1e-6
+    assert by[None, False]["difference"] > 1e-4
+    assert by[None, False]["difference"] == by[torch.bfloat16, False]["difference"]

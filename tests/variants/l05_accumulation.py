@@ -106,6 +106,95 @@ def accumulated_step(model, optimizer, scaler, micro_batches, loss_fn, device_ty
     return scaler.get_scale() == scale_before
 """,
     ),
+    "one_backward_for_all": (
+        "accumulated_step",
+        """
+def accumulated_step(model, optimizer, scaler, micro_batches, loss_fn, device_type, dtype,
+                     max_grad_norm=None):
+    # Wrong: adds up the micro-batches' losses and runs one backward pass at the end. The
+    # gradient is the same, but every micro-batch's activations stay alive until then, so the
+    # memory accumulation exists to save is spent anyway.
+    total = 0.0
+    for xb, yb in micro_batches:
+        with torch.amp.autocast(device_type, dtype=dtype):
+            total = total + loss_fn(model(xb), yb) / len(micro_batches)
+    scaler.scale(total).backward()
+    if max_grad_norm is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return bool(scaler.get_scale() >= before)
+""",
+    ),
+    "loss_outside_autocast": (
+        "accumulated_step",
+        """
+def accumulated_step(model, optimizer, scaler, micro_batches, loss_fn, device_type, dtype,
+                     max_grad_norm=None):
+    # Wrong: only the model's forward runs under autocast; the loss is computed outside it, on
+    # low-precision logits, instead of in the dtype autocast chooses for the loss.
+    for xb, yb in micro_batches:
+        with torch.amp.autocast(device_type, dtype=dtype):
+            out = model(xb)
+        loss = loss_fn(out, yb) / len(micro_batches)
+        scaler.scale(loss).backward()
+    if max_grad_norm is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return bool(scaler.get_scale() >= before)
+""",
+    ),
+    "zero_grad_every_micro_batch": (
+        "accumulated_step",
+        """
+def accumulated_step(model, optimizer, scaler, micro_batches, loss_fn, device_type, dtype,
+                     max_grad_norm=None):
+    # Wrong: clears the gradients before every micro-batch, as in an ordinary training loop, so
+    # only the last micro-batch's gradient reaches the step.
+    for xb, yb in micro_batches:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.amp.autocast(device_type, dtype=dtype):
+            loss = loss_fn(model(xb), yb) / len(micro_batches)
+        scaler.scale(loss).backward()
+    if max_grad_norm is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return bool(scaler.get_scale() >= before)
+""",
+    ),
+    "clip_error_if_nonfinite": (
+        "accumulated_step",
+        """
+def accumulated_step(model, optimizer, scaler, micro_batches, loss_fn, device_type, dtype,
+                     max_grad_norm=None):
+    # Wrong: clips with error_if_nonfinite=True, which raises on every overflow step instead of
+    # letting the scaler skip it.
+    for xb, yb in micro_batches:
+        with torch.amp.autocast(device_type, dtype=dtype):
+            loss = loss_fn(model(xb), yb) / len(micro_batches)
+        scaler.scale(loss).backward()
+    if max_grad_norm is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm,
+                                       error_if_nonfinite=True)
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return bool(scaler.get_scale() >= before)
+""",
+    ),
     "no_optimizer_state": (
         "checkpoint_state",
         """
@@ -155,6 +244,42 @@ def load_training_state(path, model, optimizer, scaler):
     scaler.load_state_dict(state["scaler"])
 """,
     ),
+    "scale_without_tracker": (
+        "checkpoint_state",
+        """
+def save_training_state(path, model, optimizer, scaler):
+    # Wrong: keeps the scale but not the growth tracker, so the resumed scaler grows the scale
+    # after another number of clean steps than the run that never stopped.
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scale": scaler.get_scale(), "cpu_rng": torch.get_rng_state()}, path)
+
+
+def load_training_state(path, model, optimizer, scaler):
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict({**scaler.state_dict(), "scale": state["scale"]})
+    torch.set_rng_state(state["cpu_rng"])
+""",
+    ),
+    "reseed_instead_of_rng_state": (
+        "checkpoint_state",
+        """
+def save_training_state(path, model, optimizer, scaler):
+    # Wrong: saves the seed the generator started from, not where it is now; reseeding on load
+    # replays the random numbers from the start of the run.
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scaler": scaler.state_dict(), "seed": torch.initial_seed()}, path)
+
+
+def load_training_state(path, model, optimizer, scaler):
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    torch.manual_seed(state["seed"])
+""",
+    ),
 }
 
 VALID = {
@@ -201,6 +326,51 @@ def accumulated_step(model, optimizer, scaler, micro_batches, loss_fn, device_ty
         return bool(old_scale <= scaler.get_scale())
     finally:
         optimizer.zero_grad(set_to_none=True)
+""",
+    ),
+    "weight_by_share": (
+        "accumulated_step",
+        """
+def accumulated_step(model, optimizer, scaler, micro_batches, loss_fn, device_type, dtype,
+                     max_grad_norm=None):
+    # Valid: weights each micro-batch's mean loss by its share of the examples, n_i / B, which
+    # for equal micro-batches is 1 / k (and stays right for unequal ones).
+    total = sum(len(yb) for _, yb in micro_batches)
+    for xb, yb in micro_batches:
+        with torch.amp.autocast(device_type, dtype=dtype):
+            loss = loss_fn(model(xb), yb) * (len(yb) / total)
+        scaler.scale(loss).backward()
+    if max_grad_norm is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return bool(scaler.get_scale() >= before)
+""",
+    ),
+    "unscale_always_check_grads": (
+        "accumulated_step",
+        """
+def accumulated_step(model, optimizer, scaler, micro_batches, loss_fn, device_type, dtype,
+                     max_grad_norm=None):
+    # Valid: unscales on every step (step then does not unscale again), scales the divided loss
+    # with torch.autocast, and decides "stepped" from the unscaled gradients' finiteness, which
+    # is what the scaler itself checks.
+    for xb, yb in micro_batches:
+        with torch.autocast(device_type=device_type, dtype=dtype):
+            loss = loss_fn(model(xb), yb)
+        scaler.scale(loss).div(len(micro_batches)).backward()
+    scaler.unscale_(optimizer)
+    finite = all(bool(torch.isfinite(p.grad).all())
+                 for p in model.parameters() if p.grad is not None)
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return finite
 """,
     ),
     "checkpoint_file_object": (
