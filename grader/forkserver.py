@@ -52,6 +52,7 @@ def _serve() -> None:  # pragma: no cover - runs in the server process (tested t
     import runpy
     import traceback
 
+    sys.modules.setdefault("rfc3987_syntax", None)  # see grader/runner.py: seconds, unused
     for name in WARM_MODULES:
         try:
             importlib.import_module(name)

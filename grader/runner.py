@@ -141,6 +141,10 @@ def _test_status(status: str, expressions: dict, outputs: list) -> str:
 
 
 async def _run(request: dict, events: list, timing: dict) -> list:
+    # jsonschema (imported by nbformat) loads its optional IRI format checker, rfc3987_syntax,
+    # which compiles a Lark grammar at import: seconds per submission on a loaded 2-core machine,
+    # for a format no notebook schema uses. Without the module jsonschema skips that checker.
+    sys.modules.setdefault("rfc3987_syntax", None)
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
