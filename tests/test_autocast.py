@@ -14,59 +14,180 @@ from torch import nn
 
 from course import autocast as A
 
-# Documented names whose aten op is spelled differently; None: a Python-level or composite op
-# with no kernel of its own (it decomposes into listed ops).
-_ATEN_NAME = {
-    "__matmul__": "matmul",
-    "multi_dot": "linalg_multi_dot",
-    "GRUCell": "gru_cell",
-    "LSTMCell": "lstm_cell",
-    "RNNCell": "rnn_tanh_cell",
-    "__pow__": "pow",
-    "__rpow__": "pow",
-    "__rdiv__": None,
-    "__rtruediv__": None,
-    "cross_entropy": None,
-    "normalize": "norm",
-    "softmin": "softmax",
-    "grid_sample": "grid_sampler",
-}
-_ALL_OPS = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")]
+
+def _autocast_kernels(key: str) -> set[str]:
+    """Every op overload with a ``key`` kernel in the installed torch's dispatcher."""
+    found = set()
+    for op in torch._C._dispatch_get_all_op_names():
+        if op.startswith("aten::") and f"\n{key}:" in torch._C._dispatch_dump(op):
+            found.add(op.removeprefix("aten::"))
+    return found
 
 
-def _has_autocast_kernel(name: str, key: str) -> bool:
-    base = _ATEN_NAME.get(name, name)
-    for op in _ALL_OPS:
-        if op.split("::")[1].split(".")[0] != base:
-            continue
-        for line in torch._C._dispatch_dump(op).splitlines():
-            if line.startswith(key + ":") and "fallthrough" not in line:
-                return True
-    return False
+def test_dispatch_dump_shows_autocast_kernels_in_this_cpu_build():
+    dump = torch._C._dispatch_dump("aten::linear")
+    assert "\nAutocastCUDA:" in dump and "\nAutocastCPU:" in dump
+    assert "\nAutocastCUDA:" not in torch._C._dispatch_dump("aten::batch_norm")
 
 
-@pytest.mark.parametrize("device_type,key", [("cuda", "AutocastCUDA"), ("cpu", "AutocastCPU")])
-def test_every_documented_op_has_an_autocast_kernel_in_this_torch(device_type, key):
-    missing = [
-        name
-        for names in A.OP_LISTS[device_type].values()
-        for name in names
-        if _ATEN_NAME.get(name, name) is not None and not _has_autocast_kernel(name, key)
-    ]
-    assert not missing, f"documented {device_type} ops with no {key} kernel in torch: {missing}"
+def test_every_cuda_autocast_kernel_is_classified_and_every_listed_op_has_one():
+    kernels = _autocast_kernels("AutocastCUDA")
+    listed = set(A.cuda_overloads())
+    assert kernels - listed == set(), "CUDA autocast kernels on no list"
+    assert listed - kernels == set(), "listed CUDA ops with no AutocastCUDA kernel"
+    header = {n for names in A.parse_header(A.HEADER.read_text()).values() for n in names}
+    assert kernels - header == set(A.CUDA_OUTSIDE_HEADER)
+
+
+def test_every_cpu_autocast_kernel_is_measured_and_every_probe_has_one():
+    kernels = _autocast_kernels("AutocastCPU")
+    probed = set(A._probes())
+    assert kernels - probed == set(), "CPU autocast kernels this course does not measure"
+    assert probed - kernels == set(), "measured CPU ops with no AutocastCPU kernel"
+    assert len(kernels) > 100
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_every_cpu_autocast_kernel_has_a_measured_policy(dtype):
+    policies = A.cpu_overloads(dtype)
+    unclassified = [op for op, policy in policies.items() if policy == A.NO_LIST]
+    assert not unclassified, f"CPU autocast left these inputs alone: {unclassified}"
+    stored = {name: policy for policy, names in A.CPU_MEASURED.items() for name in names}
+    changed = {op: (stored.get(op), got) for op, got in policies.items() if stored.get(op) != got}
+    assert not changed, f"CPU_MEASURED (stored, measured) differs from this torch: {changed}"
+    assert set(stored) == set(policies)
+    assert policies["linear"] == policies["scaled_dot_product_attention"] == A.LOWER
+    assert policies["binary_cross_entropy"] == policies["fft_fft"] == A.FLOAT32
+    assert policies["cat"] == policies["stack"] == A.PROMOTE
+
+
+def _cpu_kernel_bases() -> set[str]:
+    return {name.split(".")[0] for names in A.CPU_MEASURED.values() for name in names}
+
+
+def test_cuda_listed_ops_without_a_cpu_kernel_are_measured_through_their_parts():
+    bases = _cpu_kernel_bases()
+    need = {n for n in A.cuda_overloads() if n.split(".")[0] not in bases}
+    need -= set(A.CUDA_ONLY_KERNELS)
+    assert set(A._parts_probes()) == need
+    for name in A.CUDA_ONLY_KERNELS:
+        dump = torch._C._dispatch_dump(f"aten::{name}")
+        assert "\nCPU:" not in dump and "CompositeImplicitAutograd" not in dump, name
+    for dtype in (torch.bfloat16, torch.float16):
+        by_base: dict[str, set[str]] = {}
+        for op in sorted(need):
+            by_base.setdefault(op.split(".")[0], set()).add(A.measure_cpu_policy(op, dtype))
+        got = {base: min(p) for base, p in by_base.items() if p != {A.NO_LIST}}
+        assert all(len(p) == 1 for p in by_base.values()), by_base
+        assert got == A.CPU_VIA_PARTS, f"measured through their parts under {dtype}: {got}"
+
+
+def test_cross_entropy_runs_as_log_softmax_and_nll_loss():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls):
+            return False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    seen = []
+    logits, target = torch.randn(3, 5), torch.tensor([0, 2, 4])
+    with Ops():
+        F.cross_entropy(logits, target)
+    assert seen == ["_log_softmax.default", "nll_loss_forward.default"], seen
+    assert "\nAutocastCUDA:" not in torch._C._dispatch_dump("aten::cross_entropy_loss")
+    assert A.op_policy("nll_loss", "cuda") == A.CUDA_VIA_PARTS["cross_entropy_loss"]
+
+
+def test_measurement_tells_the_policies_apart():
+    # Probes whose casts differ: each is read as the policy it has, and an op autocast leaves
+    # alone reads as "no list".
+    probes = A._probes()
+    probes["relu (test)"] = lambda t: torch.relu(t(3, 4))
+    try:
+        A._probes, saved = (lambda: probes), A._probes
+        assert A.measure_cpu_policy("relu (test)") == A.NO_LIST
+        assert A.measure_cpu_policy("mm") == A.LOWER
+        assert A.measure_cpu_policy("mse_loss", torch.float16) == A.FLOAT32
+        assert A.measure_cpu_policy("index_copy") == A.PROMOTE
+    finally:
+        A._probes = saved
+
+
+def test_parse_header_reads_overloads_and_refuses_a_header_without_lists():
+    text = A.HEADER.read_text()
+    lists = A.parse_header(text)
+    assert "scaled_dot_product_attention" in lists["AT_FORALL_LOWER_PRECISION_FP"]
+    assert "conv_transpose2d.input" in lists["AT_FORALL_LOWER_PRECISION_FP"]
+    assert "softmax.int" in lists["AT_FORALL_FP32_SET_OPT_DTYPE"]
+    assert lists["AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE"] == (
+        "norm.Scalar",
+        "norm.ScalarOpt_dim",
+    )
+    with pytest.raises(ValueError):
+        A.parse_header(text.replace("AT_FORALL_PROMOTE", "AT_FORALL_SOMETHING"))
 
 
 def test_batchnorm_is_on_no_list_and_softmax_differs():
-    assert not _has_autocast_kernel("batch_norm", "AutocastCUDA")
-    assert not _has_autocast_kernel("batch_norm", "AutocastCPU")
-    assert A.op_policy("batch_norm", "cuda") == A.op_policy("batch_norm", "cpu") == A.NO_LIST
-    assert A.op_policy("softmax", "cuda") == A.FLOAT32
+    for device_type in ("cuda", "cpu"):
+        for op in ("batch_norm", "mean", "amax", "var", "relu", "add"):
+            assert A.op_policy(op, device_type) == A.NO_LIST, (op, device_type)
+    for op in (
+        "scaled_dot_product_attention",
+        "einsum",
+        "bmm",
+        "baddbmm",
+        "matmul",
+        "conv2d",
+        "linear",
+        "lstm_cell",
+        "gru_cell",
+        "rnn_tanh_cell",
+    ):
+        assert A.op_policy(op, "cuda") == A.LOWER, op
+    for op in (
+        "logsumexp",
+        "huber_loss",
+        "nll_loss2d",
+        "layer_norm",
+        "group_norm",
+        "softmax",
+        "log_softmax",
+        "sum",
+        "cumsum",
+        "prod",
+        "mse_loss",
+        "nll_loss",
+    ):
+        assert A.op_policy(op, "cuda") == A.FLOAT32, op
     assert A.op_policy("softmax", "cpu") == A.NO_LIST
-    assert ("softmax", A.FLOAT32, A.NO_LIST) in A.list_differences()
-    assert ("layer_norm", A.FLOAT32, A.NO_LIST) in A.list_differences()
+    diffs = A.list_differences()
+    assert ("softmax", A.FLOAT32, A.NO_LIST) in diffs
+    assert ("layer_norm", A.FLOAT32, A.NO_LIST) in diffs
+    assert ("avg_pool3d", A.NO_LIST, A.FLOAT32) in diffs
+    assert ("lstm_cell", A.LOWER, A.NO_LIST) in diffs
+    assert ("tensordot", A.PROMOTE, A.LOWER) in diffs  # CPU: no kernel, runs as mm
+    same = {
+        "scaled_dot_product_attention",
+        "huber_loss",
+        "nll_loss2d",
+        "cross_entropy_loss",
+        "linear",
+        "mse_loss",
+        "prod",
+        "einsum",
+        "linalg_multi_dot",
+    }
+    assert not same & {op for op, _, _ in diffs}, "ops on the same list reported as different"
     assert A.op_policy("binary_cross_entropy", "cuda") == A.REFUSED
     assert A.op_policy("binary_cross_entropy", "cpu") == A.FLOAT32
-    assert A.op_policy("cross_entropy", "cpu") == A.FLOAT32  # spelled cross_entropy_loss there
+    assert A.op_policy("cross_entropy", "cpu") == A.FLOAT32  # aten::cross_entropy_loss
+    assert A.op_policy("cross_entropy", "cuda") == A.FLOAT32  # runs as log_softmax, nll_loss
+    assert A.op_policy("einsum", "cpu") == A.LOWER  # no CPU kernel: runs as bmm
     assert A.op_policy("__matmul__", "cpu") == A.LOWER
     with pytest.raises(ValueError):
         A.op_policy("linear", "tpu")
@@ -81,6 +202,7 @@ def test_documented_dtype_rules():
     assert A.documented_dtype("addcmul", (h, s, h), "cuda", h) == s
     assert A.documented_dtype("add", (s, h), "cuda", h) == s
     assert A.documented_dtype("relu", (h,), "cuda", h) == h
+    assert A.documented_dtype("cross_entropy", (h,), "cuda", h) == s
     with pytest.raises(RuntimeError):
         A.documented_dtype("binary_cross_entropy", (h,), "cuda", h)
     with pytest.raises(ValueError):
@@ -175,6 +297,13 @@ _FAKE_CUDA = textwrap.dedent(
         "sum": lambda: h.sum(), "relu": lambda: F.relu(h), "gelu": lambda: F.gelu(h),
         "mse_loss": lambda: F.mse_loss(h, h), "addcmul": lambda: torch.addcmul(h, s, h),
         "binary_cross_entropy_with_logits": lambda: F.binary_cross_entropy_with_logits(h, h),
+        "scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(s, s, s),
+        "einsum": lambda: torch.einsum("ij,kj->ik", s, w),
+        "logsumexp": lambda: torch.logsumexp(h, -1), "huber_loss": lambda: F.huber_loss(h, h),
+        "nll_loss2d": lambda: F.nll_loss(h.view(1, 4, 2, 4), torch.zeros(1, 2, 4, device="cuda",
+                                                                         dtype=torch.long)),
+        "cumsum": lambda: h.cumsum(-1), "mean": lambda: h.mean(), "amax": lambda: h.amax(),
+        "add": lambda: h + s,
     }
     for name, call in calls.items():
         print("OP", name, str(call().dtype).removeprefix("torch."))
@@ -183,6 +312,22 @@ _FAKE_CUDA = textwrap.dedent(
         print("OP binary_cross_entropy ran")
     except RuntimeError:
         print("OP binary_cross_entropy raises")
+    # cudnn_convolution has no fake kernel: read the casts its autocast kernel makes first.
+    for name, call in {
+        "cudnn_convolution": lambda x, k: torch.ops.aten.cudnn_convolution(
+            x, k, [0, 0], [1, 1], [1, 1], 1, False, False, True),
+        "cudnn_convolution_transpose": lambda x, k: torch.ops.aten.cudnn_convolution_transpose(
+            x, k, [0, 0], [0, 0], [1, 1], [1, 1], 1, False, False, True),
+    }.items():
+        x = torch.empty(1, 2, 5, 5, device="cuda")
+        k = torch.empty(2, 2, 3, 3, device="cuda")
+        recorder = A._CastRecorder({id(x), id(k)})
+        with recorder:
+            try:
+                call(x, k)
+            except Exception:
+                pass
+        print("CAST", name, ",".join(sorted(str(d).removeprefix("torch.") for d in recorder.casts)))
     """
 )
 
@@ -199,15 +344,21 @@ def test_documented_cuda_lists_match_torch_cuda_kernels_on_fake_tensors():
     ops = dict(line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("OP "))
     h = torch.float16
     for name, got in ops.items():
-        inputs = (torch.float32,) if name in ("linear", "matmul") else (h,)
-        if name == "addcmul":
+        inputs = (torch.float32,) if name in ("linear", "matmul", "einsum") else (h,)
+        if name in ("addcmul", "add"):
             inputs = (h, torch.float32, h)
+        if name == "scaled_dot_product_attention":
+            inputs = (torch.float32,)
         try:
             want = A.short(A.documented_dtype(name, inputs, "cuda", h))
         except RuntimeError:
             want = "raises"
         assert got == want, f"{name}: torch's CUDA kernel gives {got}, the lists say {want}"
-    assert len(ops) == 13
+    assert len(ops) == 22
+    casts = dict(line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("CAST"))
+    assert casts == {"cudnn_convolution": "float16", "cudnn_convolution_transpose": "float16"}
+    for name, policy in A.CUDA_OUTSIDE_HEADER.items():
+        assert policy == (A.REFUSED if name == "binary_cross_entropy" else A.LOWER)
 
 
 def test_count_forward_hooks_sees_module_and_global_hooks():

@@ -140,6 +140,84 @@ predict_cuda_dtypes = {"conv": _h, "bn": _h, "relu": _h, "pool": _h, "flatten": 
                        "fc2": _h, "log_probs": _s}
 """,
     ),
+    "predict_residual_keeps_last_dtype": (
+        "predict_cuda_dtypes",
+        """
+# Wrong: gives the residual block the dtype of its last op (tanh, float16), forgetting that
+# x + act(fc(x)) adds a float32 x and promotes to float32.
+_h, _s = torch.float16, torch.float32
+predict_cuda_dtypes = {"conv": _h, "bn": _h, "relu": _h, "pool": _h, "flatten": _h, "fc1": _h,
+                       "norm": _s, "gelu": _s, "block": _h, "block.fc": _h, "block.act": _h,
+                       "fc2": _h, "log_probs": _s}
+""",
+    ),
+    "predict_gelu_float16": (
+        "predict_cuda_dtypes",
+        """
+# Wrong: thinks an activation always returns the autocast dtype, but gelu is on no list and its
+# input (layer_norm's output) is float32.
+_h, _s = torch.float16, torch.float32
+predict_cuda_dtypes = {"conv": _h, "bn": _h, "relu": _h, "pool": _h, "flatten": _h, "fc1": _h,
+                       "norm": _s, "gelu": _h, "block": _s, "block.fc": _h, "block.act": _h,
+                       "fc2": _h, "log_probs": _s}
+""",
+    ),
+    "predict_tanh_float32": (
+        "predict_cuda_dtypes",
+        """
+# Wrong: puts tanh on the float32 list with exp and log (it is on no list: float16 in, float16 out).
+_h, _s = torch.float16, torch.float32
+predict_cuda_dtypes = {"conv": _h, "bn": _h, "relu": _h, "pool": _h, "flatten": _h, "fc1": _h,
+                       "norm": _s, "gelu": _s, "block": _s, "block.fc": _h, "block.act": _s,
+                       "fc2": _h, "log_probs": _s}
+""",
+    ),
+    "trace_leaves_only": (
+        "trace_dtypes",
+        """
+def trace_dtypes(model, inputs, device_type, dtype):
+    # Wrong: hooks only modules without children, so containers (an nn.Sequential) are missing.
+    found, handles = {}, []
+    try:
+        for name, module in model.named_modules():
+            if name and not list(module.children()):
+                def hook(module, args, output, name=name):
+                    if isinstance(output, (tuple, list)):
+                        output = next(t for t in output if isinstance(t, torch.Tensor))
+                    found[name] = output.dtype
+                handles.append(module.register_forward_hook(hook))
+        with torch.amp.autocast(device_type, dtype=dtype):
+            model(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+""",
+    ),
+    "trace_ignores_dtype": (
+        "trace_dtypes",
+        """
+def trace_dtypes(model, inputs, device_type, dtype):
+    # Wrong: autocast without dtype= runs in the device's default (bfloat16 on the CPU), whatever
+    # dtype was asked for.
+    found, handles = {}, []
+    try:
+        for name, module in model.named_modules():
+            if name:
+                def hook(module, args, output, name=name):
+                    if isinstance(output, (tuple, list)):
+                        output = next((t for t in output if isinstance(t, torch.Tensor)), None)
+                    if output is not None:
+                        found[name] = output.dtype
+                handles.append(module.register_forward_hook(hook))
+        with torch.amp.autocast(device_type):
+            model(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+""",
+    ),
     "lse_without_max_shift": (
         "custom_fwd_function",
         """
