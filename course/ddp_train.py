@@ -9,11 +9,14 @@ One training loop, :func:`train_worker`, serves the lesson's experiments (throug
   ``nccl`` when there is a GPU per rank);
 - ``torchrun --standalone --nproc-per-node 8 -m course.ddp_train``: one machine, torchrun starts
   the ranks (``--standalone`` picks a free port);
-- ``torchrun --nnodes 2 --node-rank R --nproc-per-node 8 --rdzv-backend c10d
-  --rdzv-endpoint HOST:29500 --rdzv-id JOB -m course.ddp_train``: on each of two machines, with
-  ``HOST`` the address of the first (``R`` is 0 there and 1 on the other).
+- ``torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500
+  --rdzv-id JOB -m course.ddp_train``: the same command on each of two machines, with ``HOST``
+  the address of the first. The c10d rendezvous assigns the machines' ranks (torchrun ignores
+  ``--node-rank`` unless the rendezvous is ``static``); a failed rank ends the job unless
+  ``--max-restarts`` (default 0) allows restarts.
 
-Under torchrun the rank, world size and rendezvous come from the environment (``env://``).
+Under torchrun the rank, world size and rendezvous come from the environment (``env://``);
+the ranks use nccl when this machine has a GPU for each of its ranks, else gloo on the CPU.
 """
 
 from __future__ import annotations
@@ -286,6 +289,27 @@ def fp16_sum_worker(rank: int, world_size: int, value: float) -> dict:
     return {"naive": naive.item(), "divide_first": first.float().item()}
 
 
+def sync_bn_cpu_probe(rank: int, world_size: int) -> dict:
+    """What ``SyncBatchNorm`` does with CPU tensors in a process group (lesson 06).
+
+    Returns the error its training-mode forward raises on a CPU input (``forward``), and the
+    one ``DistributedDataParallel`` raises when asked to wrap a CPU model holding one (``ddp``);
+    ``None`` where nothing was raised.
+    """
+    layer = nn.SyncBatchNorm(4)
+    found: dict[str, str | None] = {}
+    for what, call in (
+        ("forward", lambda: layer(torch.randn(8, 4))),
+        ("ddp", lambda: DDP(nn.Sequential(nn.Linear(4, 4), nn.SyncBatchNorm(4)))),
+    ):
+        try:
+            call()
+            found[what] = None
+        except (ValueError, RuntimeError) as exc:
+            found[what] = f"{type(exc).__name__}: {exc}"
+    return found
+
+
 def hello_worker(rank: int, world_size: int) -> dict:
     """Each rank says who it is and all-reduces its rank number (lesson 06)."""
     device = rank_device()
@@ -368,10 +392,20 @@ def main(argv: list[str] | None = None) -> int:
     spec = spec_from_args(args)
     if under_torchrun():
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        use_cuda = args.backend != "gloo" and torch.cuda.is_available()
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        use_cuda = args.backend != "gloo" and torch.cuda.device_count() >= local_ranks
+        if args.backend == "nccl" and not use_cuda:
+            raise SystemExit(
+                f"--backend nccl needs a GPU per rank: {local_ranks} ranks on this machine, "
+                f"{torch.cuda.device_count()} GPUs"
+            )
         if use_cuda:
-            torch.cuda.set_device(local_rank)
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+            # device_id binds the rank to its GPU; nccl then forms its communicator now.
+            dist.init_process_group("nccl", device_id=device)
+        else:
+            dist.init_process_group("gloo")
         try:
             result = train_worker(dist.get_rank(), dist.get_world_size(), spec)
             result.pop("params")

@@ -1,4 +1,5 @@
-"""Lesson 06's content: the graded worker's configuration, its tolerances, the widget.
+"""Lesson 06's content: the graded worker's configuration, its tolerances, the widget, and the
+``torchrun`` script written around the student's worker.
 
 Processes are started by :func:`course.launch.launch`; the training worker the widget runs is
 :func:`course.ddp_train.train_worker`.
@@ -6,6 +7,11 @@ Processes are started by :func:`course.launch.launch`; the training worker the w
 
 from __future__ import annotations
 
+import builtins
+import hashlib
+import inspect
+import time
+import types
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +32,8 @@ class AmpDDPConfig:
     chunks of it, split into ``accum_steps`` equal micro-batches. ``amp_dtype`` float32 means
     autocast is off (``amp_enabled`` is False). ``poison`` lists ``(step, index)`` pairs: that
     row of that step's global batch is set to inf, so whichever rank holds it overflows.
+    ``device_type`` is where the model and the batches are put: "cpu" (the graded runs), or
+    "cuda" (the current CUDA device, which a script under ``torchrun`` sets per rank).
     """
 
     sizes: tuple[int, ...] = (16, 32, 4)
@@ -63,28 +71,28 @@ class AmpDDPConfig:
         return self.global_batch // (world_size * self.accum_steps)
 
     def make_model(self) -> nn.Module:
-        """The model, in float32 on the CPU; the same weights on every call."""
+        """The model, in float32 on ``device_type``; the same weights on every call."""
         torch.manual_seed(self.seed)
         layers: list[nn.Module] = []
         for i, (n_in, n_out) in enumerate(zip(self.sizes[:-1], self.sizes[1:], strict=True)):
             layers.append(nn.Linear(n_in, n_out))
             if i < len(self.sizes) - 2:
                 layers.append(nn.ReLU())
-        return nn.Sequential(*layers)
+        return nn.Sequential(*layers).to(self.device_type)
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:
         """SGD with momentum over ``params``."""
         return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum)
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The global batch ``(x, y)`` of optimizer step ``step`` (float32 and long, CPU)."""
+        """The global batch ``(x, y)`` of step ``step`` (float32 and long, on ``device_type``)."""
         gen = torch.Generator().manual_seed(self.seed * 100_003 + step)
         x = torch.randn(self.global_batch, self.sizes[0], generator=gen)
         y = torch.randint(0, self.sizes[-1], (self.global_batch,), generator=gen)
         for poison_step, index in self.poison:
             if poison_step == step:
                 x[index] = float("inf")
-        return x, y
+        return x.to(self.device_type), y.to(self.device_type)
 
     @staticmethod
     def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -113,9 +121,10 @@ class DDPExplorer:
     """Lesson 06's widget: world size and accumulation controls over a live data-parallel run.
 
     Every change launches a short run of :func:`course.ddp_train.train_worker` (real processes)
-    and redraws each rank's loss and loss scale, with the all-reduce calls and bytes per step.
-    The results of the last run are kept in ``results`` so tests can drive the controls and
-    see what changed.
+    and redraws each rank's loss and loss scale, with the all-reduce calls and bytes per step
+    and the seconds the launch took. The backend is chosen once, for the largest world size
+    (``backend`` forces one). The results of the last run are kept in ``results`` so tests can
+    drive the controls and see what changed.
     """
 
     GLOBAL_BATCH = 192  # splits evenly into 1-4 ranks x 1, 2, 4 or 8 micro-batches
@@ -137,11 +146,15 @@ class DDPExplorer:
 
         self.data = digits_train() if data is None else data
         self.steps = steps
-        self.backend = backend
         self.results: list[dict] = []
+        #: Seconds the last launch took (start, train, gather), measured around ``launch``.
+        self.seconds = float("nan")
         self.world_size = W.IntSlider(
             value=world_size, min=1, max=4, description="world size", continuous_update=False
         )
+        # One backend for every world size the slider offers, so the controls never move the
+        # ranks between devices: nccl only with a GPU per rank at the largest world size.
+        self.backend = pick_backend(self.world_size.max, backend)
         self.accum_steps = W.Dropdown(
             options=[1, 2, 4, 8], value=accum_steps, description="micro-batches"
         )
@@ -180,8 +193,9 @@ class DDPExplorer:
         from course.ddp_train import train_worker
 
         ws = self.world_size.value
-        backend = pick_backend(ws, self.backend)
+        backend = self.backend
         spec = self.spec()
+        start = time.perf_counter()
         try:
             self.results = launch(
                 train_worker,
@@ -191,6 +205,7 @@ class DDPExplorer:
                 timeout=120,
                 show_output=False,
             )
+            self.seconds = time.perf_counter() - start
         except LaunchError as exc:
             self.results = []
             self.stats.value = f"<pre>the launch failed: {exc}</pre>"
@@ -222,7 +237,7 @@ class DDPExplorer:
         same = len({res["digest"] for res in self.results}) == 1
         micro = spec.global_batch // (ws * spec.accum_steps)
         self.stats.value = (
-            f"{describe_backend(backend, ws)}<br>"
+            f"{describe_backend(backend, ws)}: this launch took {self.seconds:.1f} s<br>"
             f"{spec.global_batch} samples per step = {ws} rank(s) x {spec.accum_steps} "
             f"micro-batch(es) of {micro}; all-reduce calls per step: <b>{r0['calls'][-1]}</b> "
             f"({r0['bytes'][-1] / 1024:.0f} KiB); skipped steps: <b>{skipped or 'none'}</b>; "
@@ -236,3 +251,170 @@ class DDPExplorer:
         from IPython.display import display
 
         display(self.widget)
+
+
+# --------------------------------------------------------------------------------------------
+# A torchrun script around the student's worker
+
+_SCRIPT_HEAD = '''\
+r"""{worker} under torchrun: data-parallel mixed precision training (written by lesson 06).
+
+This machine, 2 ranks:
+    torchrun --standalone --nproc-per-node 2 {filename}
+Two machines with 8 GPUs each; the same command on both, HOST the first one's address (the
+c10d rendezvous numbers the machines itself, so no --node-rank):
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
+             --rdzv-endpoint HOST:29500 --rdzv-id my-job {filename}
+With a GPU per rank the ranks use nccl on their own GPU; otherwise gloo on the CPU.
+Needs only torch. The global batch must split into world size x accum_steps micro-batches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+from torch import nn
+'''
+
+_SCRIPT_MAIN = '''
+
+CONFIG = {config!r}
+
+
+def main() -> None:
+    """Join the job torchrun started, train with {worker} on this rank, report on rank 0."""
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        device = torch.device("cuda", local_rank)  # one GPU per rank: nccl
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+        config = replace(CONFIG, device_type="cuda")
+    else:  # fewer GPUs than ranks here: gloo, everything on the CPU
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+        config = replace(CONFIG, device_type="cpu")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    config.micro_batch_size(world_size)  # a clear error if the batch does not split
+    result = {worker}(rank, world_size, config)
+    weights = state_digest(result["state_dict"])
+    mine = (rank, os.uname().nodename, str(device), weights, result["scales"])
+    every: list = [None] * world_size
+    dist.all_gather_object(every, mine)
+    if rank == 0:
+        print(f"{{world_size}} ranks, backend {{dist.get_backend()}}, torch {{torch.__version__}}")
+        for r, host, where, weights, _ in every:
+            print(f"rank {{r}} on {{host}} ({{where}}): final weights {{weights}}")
+        print(f"scale after each step: {{every[0][4]}}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+    # Gloo's threads can abort the interpreter's teardown after the group is destroyed; the
+    # output is flushed and the group is gone, so leave without finalising.
+    sys.stdout.flush()
+    os._exit(0)
+'''
+
+
+def state_digest(state_dict: dict) -> str:
+    """A short hash of a state dict's names and float32 bytes: equal means bit-identical."""
+    digest = hashlib.sha256()
+    for key, value in sorted(state_dict.items()):
+        digest.update(key.encode() + value.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+#: Names the script's header already defines, with the objects they stand for.
+_HEAD_NAMES = {
+    "hashlib": hashlib,
+    "os": __import__("os"),
+    "sys": __import__("sys"),
+    "torch": torch,
+    "dist": torch.distributed,
+    "nn": nn,
+}
+
+
+def _names_used(code: types.CodeType) -> set[str]:
+    """Global (and attribute) names a code object and the functions nested in it use."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names_used(const)
+    return names
+
+
+def _definitions(fn: types.FunctionType, done: set[str]) -> list[str]:
+    """Import lines and source blocks for what ``fn`` uses from its module's globals."""
+    module_name = fn.__globals__.get("__name__")
+    lines: list[str] = []
+    for name in sorted(_names_used(fn.__code__)):
+        if name in done or name not in fn.__globals__ or hasattr(builtins, name):
+            continue
+        done.add(name)
+        value = fn.__globals__[name]
+        if _HEAD_NAMES.get(name) is value or value is AmpDDPConfig:
+            continue
+        if isinstance(value, types.ModuleType):
+            short = value.__name__.rsplit(".", 1)[-1]
+            if value.__name__ == name:
+                lines.append(f"import {name}")
+            elif "." in value.__name__ and short == name:
+                lines.append(f"from {value.__name__.rsplit('.', 1)[0]} import {name}")
+            else:
+                lines.append(f"import {value.__name__} as {name}")
+        elif getattr(value, "__module__", None) == module_name and inspect.isfunction(value):
+            lines.extend(_definitions(value, done))
+            lines.append("\n\n" + inspect.getsource(value).rstrip())
+        elif inspect.isclass(value) or inspect.isfunction(value) or inspect.isbuiltin(value):
+            if getattr(value, "__module__", None) == module_name:
+                lines.append("\n\n" + inspect.getsource(value).rstrip())
+            else:
+                what = value.__qualname__
+                alias = "" if what == name else f" as {name}"
+                lines.append(f"from {value.__module__} import {what}{alias}")
+        elif isinstance(value, (bool, int, float, str, bytes, tuple, type(None))):
+            lines.append(f"{name} = {value!r}")
+        else:
+            raise ValueError(
+                f"{fn.__name__} uses the global {name!r} ({type(value).__name__}), which cannot "
+                "be written into a script: define it inside the function"
+            )
+    return lines
+
+
+def worker_script(worker: types.FunctionType, config: AmpDDPConfig, filename: str) -> str:
+    """The text of a ``torchrun`` script that trains ``config`` with ``worker`` (lesson 06).
+
+    ``worker`` is a function with ``ddp_amp_worker``'s signature, defined in a notebook cell or
+    a module: its source (``inspect.getsource``) is copied into the script, with the imports
+    and notebook functions it uses and :class:`AmpDDPConfig`'s source, so that the file needs
+    only torch. The script joins torchrun's process group (nccl with a GPU per rank, else gloo
+    on the CPU), runs the worker, and prints each rank's final-weight digest and the scales.
+    ``filename`` is the name its docstring uses in the commands that run it.
+    """
+    name = worker.__name__
+    imports, blocks = [], []
+    for line in _definitions(worker, set()):
+        (blocks if line.startswith("\n") else imports).append(line)
+    head = _SCRIPT_HEAD.format(worker=name, filename=filename)
+    if imports:
+        head += f"\n# what {name} uses\n" + "".join(line + "\n" for line in imports)
+    parts = [head]
+    for source in (inspect.getsource(AmpDDPConfig), inspect.getsource(state_digest)):
+        parts.append("\n\n" + source.rstrip() + "\n")
+    parts.extend(block + "\n" for block in blocks)
+    body = [
+        line
+        for line in inspect.getsource(worker).rstrip().splitlines()
+        if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION")
+    ]
+    parts.append("\n\n" + "\n".join(body) + "\n")
+    parts.append(_SCRIPT_MAIN.format(worker=name, config=config))
+    return "".join(parts)

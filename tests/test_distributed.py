@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _thread
+import contextlib as _ctx
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as _DDP
 
 import course.launch as D
 from course.ddp_train import (
@@ -22,6 +24,7 @@ from course.ddp_train import (
     fp16_sum_worker,
     hello_worker,
     main,
+    sync_bn_cpu_probe,
     train_single,
     train_worker,
 )
@@ -34,9 +37,18 @@ from course.launch import (
     pick_backend,
     record_collectives,
 )
-from course.multigpu import AmpDDPConfig, DDPExplorer, amp_tolerance
+from course.multigpu import (
+    AmpDDPConfig,
+    DDPExplorer,
+    amp_tolerance,
+    state_digest,
+    worker_script,
+)
 
 REPO = Path(__file__).resolve().parents[1]
+#: Globals of _script_worker, as a notebook's would be: worker_script must copy them.
+_ONE = 1.0
+_UNWRITABLE = object()
 SMALL = TrainSpec(steps=3, global_batch=64, accum_steps=2, sizes=(64, 32, 10))
 
 
@@ -367,6 +379,13 @@ def test_sync_batchnorm_refuses_cpu_ranks():
     assert info.value.exc_type == "ValueError"
 
 
+def test_sync_batchnorm_forward_refuses_cpu_tensors():
+    """SyncBatchNorm's own forward refuses CPU input in a process group, and so does DDP."""
+    for found in launch(sync_bn_cpu_probe, 2, timeout=60, show_output=False):
+        assert found["forward"].startswith("ValueError: SyncBatchNorm expected input tensor")
+        assert found["ddp"] == "ValueError: SyncBatchNorm layers only work with GPU modules"
+
+
 def test_fp16_sum_overflows_unless_divided_first():
     results = launch(fp16_sum_worker, 2, (40000.0,), timeout=60, show_output=False)
     for r in results:
@@ -408,6 +427,66 @@ def test_torchrun_runs_the_module():
     assert done.returncode == 0, done.stderr[-3000:]
     assert "torchrun: 2 ranks, backend gloo" in done.stdout
     assert "bit-identical on every rank" in done.stdout
+
+
+def _script_worker(rank, world_size, config):
+    """A worker written the way the lesson's solution is: helpers and module aliases it uses."""
+    model = config.make_model()
+    ddp_model = _DDP(model)
+    optimizer = config.make_optimizer(ddp_model.parameters())
+    scaler = torch.amp.GradScaler(config.device_type, init_scale=config.init_scale)
+    scales = []
+    for step in range(config.steps):
+        x, y = config.batch(step)
+        x, y = x.chunk(world_size)[rank], y.chunk(world_size)[rank]
+        micro = zip(x.chunk(config.accum_steps), y.chunk(config.accum_steps), strict=True)
+        for i, (xm, ym) in enumerate(micro):
+            with _ctx.nullcontext() if i == config.accum_steps - 1 else ddp_model.no_sync():
+                _micro_step(ddp_model, scaler, config, xm, ym)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+        scales.append(scaler.get_scale() * _ONE)
+    return {"state_dict": model.state_dict(), "scales": scales}
+
+
+def _micro_step(ddp_model, scaler, config, xm, ym):
+    with torch.amp.autocast(config.device_type, dtype=config.amp_dtype):
+        loss = config.loss_fn(ddp_model(xm), ym) / config.accum_steps
+    scaler.scale(loss).backward()
+
+
+def test_worker_script_copies_what_the_worker_uses():
+    text = worker_script(_script_worker, AmpDDPConfig(), "train.py")
+    compile(text, "train.py", "exec")
+    assert "import contextlib as _ctx" in text and "_ONE = 1.0" in text
+    assert "from torch.nn.parallel.distributed import DistributedDataParallel as _DDP" in text
+    assert "def _micro_step(" in text and "class AmpDDPConfig" in text
+    assert "from course" not in text and "import course" not in text  # needs only torch
+    assert text.index("def _micro_step(") < text.index("def _script_worker(")
+    with pytest.raises(ValueError, match="_UNWRITABLE"):
+        worker_script(_uses_an_object, AmpDDPConfig(), "train.py")
+
+
+def _uses_an_object(rank, world_size, config):
+    return _UNWRITABLE
+
+
+def test_worker_script_runs_under_torchrun_with_the_launchers_result(tmp_path):
+    """The script the lesson writes: 2 gloo ranks under torchrun, the same weights as launch."""
+    config = AmpDDPConfig(steps=3, poison=((1, 3),))
+    script = tmp_path / "train.py"
+    script.write_text(worker_script(_script_worker, config, script.name))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", str(script)]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    here = launch(_script_worker, 2, (config,), timeout=120, show_output=False)
+    digest = state_digest(here[0]["state_dict"])
+    assert "2 ranks, backend gloo" in done.stdout
+    assert f"rank 0 on {os.uname().nodename} (cpu): final weights {digest}" in done.stdout
+    assert f"rank 1 on {os.uname().nodename} (cpu): final weights {digest}" in done.stdout
+    assert f"scale after each step: {here[0]['scales']}" in done.stdout
 
 
 # ------------------------------------------------------------------------------------------
@@ -476,6 +555,9 @@ def test_graders_instruments_count_all_reduces_and_record_dtypes():
 def test_widget_controls_relaunch_and_change_what_is_shown():
     explorer = DDPExplorer(world_size=2, accum_steps=2, steps=6)
     assert len(explorer.results) == 2 and "identical" in explorer.stats.value
+    # One backend for every world size the slider offers (no switching between devices).
+    assert explorer.backend == pick_backend(explorer.world_size.max)
+    assert explorer.seconds > 0 and f"took {explorer.seconds:.1f} s" in explorer.stats.value
     lines_before = len(explorer.ax_loss.lines)
     explorer.world_size.value = 3
     assert len(explorer.results) == 3 and len(explorer.ax_loss.lines) == lines_before + 1

@@ -185,6 +185,47 @@ def sync_bn_stats(x, group=None):
     return mean.float(), (squares / packed[0]).float()
 """,
     ),
+    "fp16_ignores_group": (
+        "fp16_allreduce_mean",
+        """
+def fp16_allreduce_mean(tensor, group=None):
+    # Wrong: ignores the group argument: divides by the default group's size and all-reduces
+    # over every rank, so a mean over a sub-group comes out as the mean over all ranks.
+    buffer = (tensor.float() / dist.get_world_size()).half()
+    dist.all_reduce(buffer)
+    return buffer.float()
+""",
+    ),
+    "fp16_group_size_of_world": (
+        "fp16_allreduce_mean",
+        """
+def fp16_allreduce_mean(tensor, group=None):
+    # Wrong: sums over the group but divides by the size of the default group, which is the
+    # group's size only when the group is every rank.
+    buffer = (tensor.float() / dist.get_world_size()).half()
+    dist.all_reduce(buffer, group=group)
+    return buffer.float()
+""",
+    ),
+    "bn_ignores_group": (
+        "sync_bn_stats",
+        """
+def sync_bn_stats(x, group=None):
+    # Wrong: all-reduces over the default group whatever group is passed, so the statistics of
+    # a sub-group include every rank's samples.
+    x32 = x.float()
+    dims = [d for d in range(x32.dim()) if d != 1]
+    shape = [1] * x32.dim()
+    shape[1] = x32.shape[1]
+    count = torch.tensor([x32.numel() // x32.shape[1]], dtype=torch.float32)
+    packed = torch.cat([count, x32.sum(dim=dims)])
+    dist.all_reduce(packed)
+    mean = packed[1:] / packed[0]
+    squares = ((x32 - mean.view(shape)) ** 2).sum(dim=dims)
+    dist.all_reduce(squares)
+    return mean, squares / packed[0]
+""",
+    ),
 }
 
 VALID = {
