@@ -280,6 +280,28 @@ def load_training_state(path, model, optimizer, scaler):
     torch.manual_seed(state["seed"])
 """,
     ),
+    "state_kept_in_memory": (
+        "checkpoint_state",
+        """
+def save_training_state(path, model, optimizer, scaler):
+    # Wrong: writes the file but also keeps the state in a variable of the kernel and loads
+    # that, so a checkpoint works only in the process that wrote it, and only the latest one.
+    global _LATEST_STATE
+    _LATEST_STATE = copy.deepcopy({"model": model.state_dict(),
+                                   "optimizer": optimizer.state_dict(),
+                                   "scaler": scaler.state_dict(),
+                                   "cpu_rng": torch.get_rng_state()})
+    torch.save(_LATEST_STATE, path)
+
+
+def load_training_state(path, model, optimizer, scaler):
+    state = _LATEST_STATE
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["cpu_rng"])
+""",
+    ),
 }
 
 VALID = {
