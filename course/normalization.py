@@ -343,6 +343,7 @@ def norm_support(device: torch.device | str = "cpu") -> list[dict[str, str]]:
     float32 fed float16 input, in training mode (forward and backward) and eval mode.
 
     Each entry says ``runs -> <output dtype>`` or ``fails: <error>``, as measured (lesson 04).
+    Runs on one CPU thread: the layers are tiny, and waking a thread pool costs more than them.
     """
     device = torch.device(device)
     settings = [
@@ -351,24 +352,28 @@ def norm_support(device: torch.device | str = "cpu") -> list[dict[str, str]]:
         ("float32 layer, float16 input", torch.float32, torch.float16),
     ]
     rows = []
-    for name, make, shape in _support_cases():  # noqa: B007 - bound as defaults below
-        for mode in ("train", "eval"):
-            row = {"layer": name, "mode": "train (fwd+bwd)" if mode == "train" else "eval (fwd)"}
-            for label, layer_dtype, input_dtype in settings:
+    with one_thread():
+        for name, make, shape in _support_cases():  # noqa: B007 - bound as defaults below
+            for mode in ("train", "eval"):
+                row = {
+                    "layer": name,
+                    "mode": "train (fwd+bwd)" if mode == "train" else "eval (fwd)",
+                }
+                for label, layer_dtype, input_dtype in settings:
 
-                def case(make=make, shape=shape, mode=mode, ld=layer_dtype, idt=input_dtype):
-                    layer = make().to(device=device, dtype=ld).train(mode == "train")
-                    x = torch.randn(shape, device=device).to(idt)
-                    if mode == "train":
-                        x.requires_grad_(True)
-                        out = layer(x)
-                        out.float().square().sum().backward()
-                        return out
-                    with torch.no_grad():
-                        return layer(x)
+                    def case(make=make, shape=shape, mode=mode, ld=layer_dtype, idt=input_dtype):
+                        layer = make().to(device=device, dtype=ld).train(mode == "train")
+                        x = torch.randn(shape, device=device).to(idt)
+                        if mode == "train":
+                            x.requires_grad_(True)
+                            out = layer(x)
+                            out.float().square().sum().backward()
+                            return out
+                        with torch.no_grad():
+                            return layer(x)
 
-                row[label] = _try(case)
-            rows.append(row)
+                    row[label] = _try(case)
+                rows.append(row)
     return rows
 
 
@@ -383,30 +388,33 @@ def mixed_input_agreement(device: torch.device | str = "cpu") -> list[dict[str, 
     device = torch.device(device)
     gen = torch.Generator().manual_seed(0)
     rows = []
-    for name, make, shape in _support_cases():
-        for mode in ("train", "eval"):
-            layer = make().to(device)
-            with torch.no_grad():
-                for p in layer.parameters():
-                    p.copy_(torch.randn(p.shape, generator=gen))
-            twin = make().to(device)
-            twin.load_state_dict(layer.state_dict())
-            layer.train(mode == "train")
-            twin.train(mode == "train")
-            x = (torch.randn(shape, generator=gen) * 30 + 5).to(device=device, dtype=torch.float16)
-            with torch.no_grad():
-                try:
-                    mixed = layer(x)
-                except Exception as exc:  # noqa: BLE001 - the table reports what failed
-                    verdict = f"float16 input fails: {type(exc).__name__}"
-                else:
-                    cast = twin(x.float()).half()
-                    if torch.equal(mixed, cast):
-                        verdict = "same bits"
+    with one_thread():
+        for name, make, shape in _support_cases():
+            for mode in ("train", "eval"):
+                layer = make().to(device)
+                with torch.no_grad():
+                    for p in layer.parameters():
+                        p.copy_(torch.randn(p.shape, generator=gen))
+                twin = make().to(device)
+                twin.load_state_dict(layer.state_dict())
+                layer.train(mode == "train")
+                twin.train(mode == "train")
+                x = (torch.randn(shape, generator=gen) * 30 + 5).to(
+                    device=device, dtype=torch.float16
+                )
+                with torch.no_grad():
+                    try:
+                        mixed = layer(x)
+                    except Exception as exc:  # noqa: BLE001 - the table reports what failed
+                        verdict = f"float16 input fails: {type(exc).__name__}"
                     else:
-                        gap = (mixed.float() - cast.float()).abs().max().item()
-                        verdict = f"differ by up to {gap:.3g}"
-            rows.append({"layer": name, "mode": mode, "float16 input vs cast first": verdict})
+                        cast = twin(x.float()).half()
+                        if torch.equal(mixed, cast):
+                            verdict = "same bits"
+                        else:
+                            gap = (mixed.float() - cast.float()).abs().max().item()
+                            verdict = f"differ by up to {gap:.3g}"
+                rows.append({"layer": name, "mode": mode, "float16 input vs cast first": verdict})
     return rows
 
 
