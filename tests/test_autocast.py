@@ -103,19 +103,16 @@ def test_cross_entropy_runs_as_log_softmax_and_nll_loss():
     assert A.op_policy("nll_loss", "cuda") == A.CUDA_VIA_PARTS["cross_entropy_loss"]
 
 
-def test_measurement_tells_the_policies_apart():
+def test_measurement_tells_the_policies_apart(monkeypatch):
     # Probes whose casts differ: each is read as the policy it has, and an op autocast leaves
     # alone reads as "no list".
     probes = A._probes()
     probes["relu (test)"] = lambda t: torch.relu(t(3, 4))
-    try:
-        A._probes, saved = (lambda: probes), A._probes
-        assert A.measure_cpu_policy("relu (test)") == A.NO_LIST
-        assert A.measure_cpu_policy("mm") == A.LOWER
-        assert A.measure_cpu_policy("mse_loss", torch.float16) == A.FLOAT32
-        assert A.measure_cpu_policy("index_copy") == A.PROMOTE
-    finally:
-        A._probes = saved
+    monkeypatch.setattr(A, "_probes", lambda: probes)
+    assert A.measure_cpu_policy("relu (test)") == A.NO_LIST
+    assert A.measure_cpu_policy("mm") == A.LOWER
+    assert A.measure_cpu_policy("mse_loss", torch.float16) == A.FLOAT32
+    assert A.measure_cpu_policy("index_copy") == A.PROMOTE
 
 
 def test_parse_header_reads_overloads_and_refuses_a_header_without_lists():
