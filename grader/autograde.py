@@ -277,6 +277,7 @@ def grade_one(
     from grader.scan import scan_notebook
 
     result["flags"] = scan_notebook(notebook, template.known_lines)
+    phases: dict[str, float] = {}
     scratch = template.scratch(student)
     try:
         dest = scratch / "submitted" / student / template.lesson
@@ -293,6 +294,8 @@ def grade_one(
             env["GRADER_CELL_LIMITS"] = json.dumps(calibration)
         argv = ["autograde", template.lesson, f"--student={student}", "--create", "--force"]
         timeout = settings.limits.notebook_timeout + 600
+        launched = time.monotonic()
+        phases["before nbgrader"] = launched - start
         if server is not None:
             proc = server.run(argv, scratch, env, timeout)
         else:
@@ -309,6 +312,7 @@ def grade_one(
                 text=True,
                 timeout=timeout,
             )
+        phases["nbgrader"] = time.monotonic() - launched
         autograded = scratch / "autograded" / student / template.lesson / f"{template.lesson}.ipynb"
         if proc.returncode != 0 or not autograded.is_file():
             log = (proc.stdout + proc.stderr).strip().splitlines()
@@ -337,6 +341,8 @@ def grade_one(
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     result["seconds"] = time.monotonic() - start
+    phases["after nbgrader"] = result["seconds"] - sum(phases.values())
+    result["phases"] = phases  # where the worker's time went (grader.benchmark prints it)
     return result
 
 
@@ -513,10 +519,17 @@ def autograde(
 
     if not todo:
         return sorted(outcomes, key=lambda o: o.student)
-    template = Template(root, lesson, work)
     lock = threading.Lock()
     slots = list(range(workers))
     servers = {slot: NbgraderServer() for slot in slots}  # one warm nbgrader per worker
+    for server in servers.values():
+        server.start()  # its imports overlap with making the template
+    try:
+        template = Template(root, lesson, work)
+    except BaseException:
+        for server in servers.values():
+            server.close()
+        raise
 
     def job(student: str, nb: Path) -> dict:
         with lock:

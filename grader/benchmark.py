@@ -124,6 +124,15 @@ def worker_phases(path: Path, per_submission: float) -> list[tuple[str, float]]:
     return rows
 
 
+def worker_split_of(results: Path) -> dict[str, float]:
+    """Mean seconds of each phase in results' ``phases`` (:func:`grader.autograde.grade_one`)."""
+    totals: dict[str, list[float]] = {}
+    for path in sorted(results.glob("*.json")):
+        for name, seconds in (json.loads(path.read_text()).get("phases") or {}).items():
+            totals.setdefault(name, []).append(float(seconds))
+    return {name: sum(v) / len(v) for name, v in totals.items()}
+
+
 def slow_cells(path: Path, top: int = 5) -> list[tuple[int, float, float, float]]:
     """The cells with the longest single run across submissions: ``(index, min, median, max)``.
 
@@ -211,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         per_worker = sum(o.seconds for o in outcomes) / max(1, len(outcomes))
         phases = worker_phases(timing, per_worker) if timing.is_file() else []
         slowest = slow_cells(timing) if timing.is_file() else []
+        worker_split = worker_split_of(course / ".grader" / args.lesson / "results")
         print(f"this grader ({args.workers} workers): {grader_s:.1f} s", flush=True)
 
     n = len(subs)
@@ -224,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     if phases:
         print("where one worker's time per submission goes (mean seconds):")
         for name, seconds in phases:
+            print(f"  {name:<46} {seconds:6.2f}")
+        print()
+    if worker_split:
+        print("the worker's own split of a submission (mean seconds):")
+        for name, seconds in worker_split.items():
             print(f"  {name:<46} {seconds:6.2f}")
         print()
     if slowest:
