@@ -36,6 +36,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from course.launch import (
     DEFAULT_TIMEOUT,
     exit_script,
+    init_torchrun,
     launch,
     pick_backend,
     rank_device,
@@ -391,21 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     spec = spec_from_args(args)
     if under_torchrun():
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        use_cuda = args.backend != "gloo" and torch.cuda.device_count() >= local_ranks
-        if args.backend == "nccl" and not use_cuda:
-            raise SystemExit(
-                f"--backend nccl needs a GPU per rank: {local_ranks} ranks on this machine, "
-                f"{torch.cuda.device_count()} GPUs"
-            )
-        if use_cuda:
-            device = torch.device("cuda", local_rank)
-            torch.cuda.set_device(device)
-            # device_id binds the rank to its GPU; nccl then forms its communicator now.
-            dist.init_process_group("nccl", device_id=device)
-        else:
-            dist.init_process_group("gloo")
+        init_torchrun(args.backend)  # nccl with a GPU per local rank, else gloo on the CPU
         try:
             result = train_worker(dist.get_rank(), dist.get_world_size(), spec)
             result.pop("params")

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course.gpt import CONFIGS, GPT, GPTConfig, lm_loss, stdlib_corpus, val_batch
-from course.launch import exit_script, under_torchrun
+from course.launch import exit_script, init_torchrun, under_torchrun
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -268,13 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     spec = spec_from_args(args)
     distributed = under_torchrun()
-    use_cuda = args.backend != "gloo" and torch.cuda.is_available()
-    device = torch.device("cpu")
-    if use_cuda:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    if distributed:  # nccl with a GPU per local rank, else gloo on the CPU
+        device = init_torchrun(args.backend)
+    elif args.backend != "gloo" and torch.cuda.is_available():
+        device = torch.device("cuda", 0)
         torch.cuda.set_device(device)
-    if distributed:
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+    else:
+        device = torch.device("cpu")
     try:
         result = train(spec, device)
         if result["rank"] == 0:

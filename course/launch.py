@@ -744,6 +744,32 @@ def under_torchrun() -> bool:
     return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
 
 
+def init_torchrun(backend: str = "auto") -> torch.device:
+    """Inside a torchrun rank: join the process group and return the device to compute on.
+
+    ``nccl`` on this rank's GPU (``LOCAL_RANK``) when the machine has a GPU for each of its local
+    ranks (``LOCAL_WORLD_SIZE``), with ``device_id`` so the communicator forms now; else ``gloo``
+    on the CPU (on a one-GPU machine with two ranks, rank 1 has no GPU of its own). ``backend``
+    "gloo" or "nccl" forces a choice; "nccl" without a GPU per rank stops with the reason.
+    Introduced in lesson 06 (course.ddp_train), also used by lesson 09's course.gpt_train.
+    """
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    use_cuda = backend != "gloo" and gpus >= local_ranks
+    if backend == "nccl" and not use_cuda:
+        raise SystemExit(
+            f"--backend nccl needs a GPU per rank: {local_ranks} ranks on this machine, {gpus} GPUs"
+        )
+    if use_cuda:
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+        return device
+    dist.init_process_group("gloo")
+    return torch.device("cpu")
+
+
 def exit_script(code: int) -> None:
     """End a ``python -m course.<script>`` process with ``code`` (lesson 06).
 

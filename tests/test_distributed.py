@@ -575,3 +575,24 @@ def test_spawned_ranks_run_importable_workers():
         hello_worker, 2, start_method="spawn", threads=1, timeout=300, show_output=False
     )
     assert [r["rank"] for r in results] == [0, 1] and results[0]["backend"] == "gloo"
+
+
+def test_init_torchrun_takes_nccl_only_with_a_gpu_for_every_local_rank(monkeypatch):
+    """One GPU and two torchrun ranks: gloo on the CPU (rank 1 has no GPU of its own)."""
+    import course.launch as launch_module
+
+    calls = []
+    monkeypatch.setattr(launch_module.dist, "init_process_group", lambda b, **k: calls.append(b))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert launch_module.init_torchrun() == torch.device("cpu")
+    with pytest.raises(SystemExit, match="a GPU per rank"):
+        launch_module.init_torchrun("nccl")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert launch_module.init_torchrun() == torch.device("cuda", 0)
+    assert launch_module.init_torchrun("gloo") == torch.device("cpu")
+    assert calls == ["gloo", "nccl", "gloo"]
