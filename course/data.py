@@ -45,26 +45,3 @@ def mlp(
             if dropout:
                 layers.append(nn.Dropout(dropout))
     return nn.Sequential(*layers)
-
-
-def trained_gradients(
-    device: torch.device | str = "cpu", steps: int = 300, seed: int = 0
-) -> tuple[list[torch.Tensor], list[float]]:
-    """Train an MLP on digits in float32 and return its gradients after ``steps`` steps.
-
-    Late in training the loss is small and so are the gradients: these are the values loss
-    scaling has to protect. Returns ``(gradients, losses)`` (lesson 01).
-    """
-    torch.manual_seed(seed)
-    x, y, _, _ = digits(device, seed=seed)
-    model = mlp().to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad(set_to_none=True)
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        losses.append(loss.item())
-        opt.step()
-    grads = [p.grad.detach().clone() for p in model.parameters()]
-    return grads, losses
