@@ -124,15 +124,6 @@ def worker_phases(path: Path, per_submission: float) -> list[tuple[str, float]]:
     return rows
 
 
-def cpu_seconds() -> float:
-    """User and system CPU seconds of this process and of its children that have ended."""
-    import resource
-
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    ended = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + ended.ru_utime + ended.ru_stime
-
-
 def worker_split_of(results: Path) -> dict[str, float]:
     """Mean seconds of each phase in results' ``phases`` (:func:`grader.autograde.grade_one`)."""
     totals: dict[str, list[float]] = {}
@@ -201,11 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
-        import nbclient  # noqa: F401 - imported before the clock: the graders import it too
-
-        cpu = cpu_seconds()
         bare, bare_phases = bare_execution(args.lesson)
-        bare_cpu, cpu = cpu_seconds() - cpu, cpu_seconds()
         print(
             f"bare execution of the solution: {bare:.1f} s ("
             + ", ".join(f"{k} {v:.1f} s" for k, v in bare_phases.items())
@@ -216,7 +203,6 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         plain = autograde_notebooks(args.lesson, subs, tmp / "plain")
         plain_s = time.perf_counter() - start
-        plain_cpu, cpu = cpu_seconds() - cpu, cpu_seconds()
         print(f"plain serial nbgrader autograde: {plain_s:.1f} s", flush=True)
 
         course = tmp / "course"
@@ -230,7 +216,6 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         outcomes = autograde(args.lesson, course, workers=args.workers, mode=mode, progress=False)
         grader_s = time.perf_counter() - start
-        grader_cpu = cpu_seconds() - cpu
         del os.environ["GRADER_TIMING"]
         per_worker = sum(o.seconds for o in outcomes) / max(1, len(outcomes))
         phases = worker_phases(timing, per_worker) if timing.is_file() else []
@@ -268,12 +253,6 @@ def main(argv: list[str] | None = None) -> int:
         f"one worker's time per submission:              {per_worker:7.1f} s "
         f"(bare execution {bare:.1f} s: overhead {per_worker / bare - 1:+.0%}, "
         f"{per_worker - bare:+.1f} s)"
-    )
-    overhead = grader_cpu / n / bare_cpu - 1
-    print(
-        f"CPU seconds per submission (this process and its children; steadier than wall time "
-        f"on a loaded machine): bare execution {bare_cpu:.1f}, plain nbgrader {plain_cpu / n:.1f}"
-        f", this grader {grader_cpu / n:.1f} (overhead over bare {overhead:+.0%})"
     )
     print(f"scores identical to plain nbgrader: {'yes' if not mismatches else 'NO'}")
     for m in mismatches:
