@@ -226,9 +226,140 @@ def sync_bn_stats(x, group=None):
     return mean, squares / packed[0]
 """,
     ),
+    "ddp_backward_under_autocast": (
+        "ddp_amp_worker",
+        """
+import contextlib
+
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def ddp_amp_worker(rank, world_size, config):
+    # Wrong: the backward is inside the autocast block. The weights come out the same here, but
+    # autocast is meant for the forward pass and the loss only; backward ops run in the dtypes
+    # autocast chose for their forward ops without it.
+    model = config.make_model()
+    ddp_model = DDP(model)
+    optimizer = config.make_optimizer(ddp_model.parameters())
+    scaler = torch.amp.GradScaler(config.device_type, init_scale=config.init_scale,
+                                  growth_interval=config.growth_interval)
+    scales = []
+    for step in range(config.steps):
+        x, y = config.batch(step)
+        x, y = x.chunk(world_size)[rank], y.chunk(world_size)[rank]
+        micro = list(zip(x.chunk(config.accum_steps), y.chunk(config.accum_steps)))
+        for i, (xm, ym) in enumerate(micro):
+            with contextlib.nullcontext() if i == len(micro) - 1 else ddp_model.no_sync():
+                with torch.amp.autocast(config.device_type, dtype=config.amp_dtype,
+                                        enabled=config.amp_enabled):
+                    loss = config.loss_fn(ddp_model(xm), ym) / config.accum_steps
+                    scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        scales.append(scaler.get_scale())
+    return {"state_dict": model.state_dict(), "scales": scales}
+""",
+    ),
+    "fp16_all_gather_then_sum": (
+        "fp16_allreduce_mean",
+        """
+def fp16_allreduce_mean(tensor, group=None):
+    # Wrong: gathers every rank's float16 share and sums them locally in float32. The wire is
+    # float16 and the mean is close, but every rank receives world_size tensors instead of one
+    # all-reduced tensor.
+    world_size = dist.get_world_size(group)
+    share = (tensor / world_size).half()
+    parts = [torch.empty_like(share) for _ in range(world_size)]
+    dist.all_gather(parts, share, group=group)
+    return torch.stack([p.float() for p in parts]).sum(dim=0)
+""",
+    ),
+    "bn_one_pass_float32": (
+        "sync_bn_stats",
+        """
+def sync_bn_stats(x, group=None):
+    # Wrong: E[x^2] - E[x]^2 from one float32 all-reduce of sums and sums of squares. Right when
+    # the mean is small, but the subtraction cancels when the mean is large against the spread
+    # (values near 500 with a spread near 1 lose most of the variance's digits).
+    x32 = x.float()
+    c = x32.shape[1]
+    dims = [d for d in range(x32.dim()) if d != 1]
+    n = torch.tensor([float(x32.numel() // c)])
+    packed = torch.cat([n, x32.sum(dim=dims), (x32 * x32).sum(dim=dims)])
+    dist.all_reduce(packed, group=group)
+    mean = packed[1:c + 1] / packed[0]
+    return mean, packed[c + 1:] / packed[0] - mean * mean
+""",
+    ),
 }
 
 VALID = {
+    "ddp_unscale_then_step": (
+        "ddp_amp_worker",
+        """
+from contextlib import nullcontext
+
+from torch.nn.parallel import DistributedDataParallel
+
+
+def ddp_amp_worker(rank, world_size, config):
+    # Valid: the optimizer gets the plain model's parameters (the same tensors DDP holds), the
+    # gradients are unscaled explicitly before scaler.step, and the loss scaling is written with
+    # a separate variable.
+    model = config.make_model()
+    ddp_model = DistributedDataParallel(model)
+    optimizer = config.make_optimizer(model.parameters())
+    scaler = torch.amp.GradScaler(device=config.device_type, init_scale=config.init_scale,
+                                  growth_interval=config.growth_interval)
+    scales = []
+    for step in range(config.steps):
+        x, y = config.batch(step)
+        mine_x = x.chunk(world_size)[rank].chunk(config.accum_steps)
+        mine_y = y.chunk(world_size)[rank].chunk(config.accum_steps)
+        for i in range(config.accum_steps):
+            context = ddp_model.no_sync() if i + 1 < config.accum_steps else nullcontext()
+            with context:
+                with torch.autocast(device_type=config.device_type, dtype=config.amp_dtype,
+                                    enabled=config.amp_enabled):
+                    logits = ddp_model(mine_x[i])
+                    loss = config.loss_fn(logits, mine_y[i]) / config.accum_steps
+                scaled = scaler.scale(loss)
+                scaled.backward()
+        scaler.unscale_(optimizer)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+        scales.append(scaler.get_scale())
+    return {"state_dict": model.state_dict(), "scales": scales}
+""",
+    ),
+    "bn_all_gather_like_syncbn": (
+        "sync_bn_stats",
+        """
+def sync_bn_stats(x, group=None):
+    # Valid: SyncBatchNorm's road. Each rank's count, mean and sum of squared deviations from its
+    # own mean are all-gathered (same shape on every rank), then merged rank by rank as
+    # batch_norm_gather_stats_with_counts does (Chan et al.), in float32.
+    x32 = x.float()
+    c = x32.shape[1]
+    flat = x32.transpose(0, 1).reshape(c, -1)
+    n = float(flat.shape[1])
+    mean = flat.mean(dim=1)
+    m2 = ((flat - mean[:, None]) ** 2).sum(dim=1)
+    mine = torch.cat([torch.tensor([n]), mean, m2])
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(every, mine, group=group)
+    total, avg, var_n = 0.0, torch.zeros(c), torch.zeros(c)
+    for stats in every:
+        count, m, v = stats[0], stats[1:c + 1], stats[c + 1:]
+        factor = 1.0 / (total + count)
+        var_n = var_n + v + (avg - m) ** 2 * total * count * factor
+        avg = total * factor * avg + count * factor * m
+        total = total + count
+    return avg, var_n / total
+""",
+    ),
     "ddp_slices_and_module_state": (
         "ddp_amp_worker",
         """
