@@ -241,8 +241,9 @@ def simulate_grad_scaler(
     ceiling_log2: float | None = None,
     seed: int = 0,
     scaler_factory: Callable[..., Any] | None = None,
+    device: torch.device | str = "cpu",
 ) -> dict[str, list]:
-    """Drive a real ``torch.amp.GradScaler("cpu")`` with injected infs (lesson 02).
+    """Drive a real ``torch.amp.GradScaler`` on ``device`` with injected infs (lesson 02).
 
     Each step one float32 parameter gets a gradient of 1.0 times the current scale, or inf when
     the step overflows: at random with probability ``overflow_rate``, and always when the scale is
@@ -250,13 +251,15 @@ def simulate_grad_scaler(
     scale after each ``update()`` and which steps overflowed. ``scaler_factory`` (same keyword
     arguments as GradScaler, without the device) lets the lesson run another scaler, such as the
     student's, through the same steps. ``init_scale=None`` starts at GradScaler's own default,
-    read from its signature.
+    read from its signature. The parameter, its gradients and the scaler live on ``device``, so
+    the scale is updated by that device's kernels.
     """
     if init_scale is None:
         init_scale = inspect.signature(torch.amp.GradScaler).parameters["init_scale"].default
     if not 0.0 <= overflow_rate <= 1.0:
         raise ValueError(f"overflow_rate must lie in [0, 1], got {overflow_rate}")
     rng = random.Random(seed)
+    dev = torch.device(device)
     kwargs = dict(
         init_scale=init_scale,
         growth_factor=growth_factor,
@@ -264,19 +267,20 @@ def simulate_grad_scaler(
         growth_interval=growth_interval,
     )
     scaler = (
-        torch.amp.GradScaler("cpu", **kwargs)
+        torch.amp.GradScaler(dev.type, **kwargs)
         if scaler_factory is None
         else scaler_factory(**kwargs)
     )
-    param = nn.Parameter(torch.zeros(1))
+    param = nn.Parameter(torch.zeros(1, device=dev))
     opt = torch.optim.SGD([param], lr=0.0)
     scales: list[float] = []
     overflowed: list[bool] = []
     for _ in range(steps):
-        scaled = scaler.scale(torch.ones((), requires_grad=True))
+        scaled = scaler.scale(torch.ones((), device=dev, requires_grad=True))
         too_big = ceiling_log2 is not None and scaler.get_scale() > 2.0**ceiling_log2
         bad = too_big or rng.random() < overflow_rate
-        param.grad = torch.full((1,), float("inf") if bad else float(scaled.detach()))
+        value = float("inf") if bad else float(scaled.detach())
+        param.grad = torch.full((1,), value, device=dev)
         scaler.step(opt)
         scaler.update()
         scales.append(scaler.get_scale())
@@ -287,13 +291,15 @@ def simulate_grad_scaler(
 class ScaleTrajectoryExplorer:
     """Lesson 02's widget: the loss scale over steps for an overflow rate, interval and factors.
 
-    Every redraw runs the real ``torch.amp.GradScaler`` through :func:`simulate_grad_scaler`.
-    State is kept on the object (``result``, ``summary``) so tests can drive the controls.
+    Every redraw runs the real ``torch.amp.GradScaler`` on ``device`` through
+    :func:`simulate_grad_scaler`. State is kept on the object (``result``, ``summary``) so tests
+    can drive the controls.
     """
 
-    def __init__(self, steps: int = 300, seed: int = 0) -> None:
+    def __init__(self, steps: int = 300, seed: int = 0, device: torch.device | str = "cpu") -> None:
         self.steps = steps
         self.seed = seed
+        self.device = torch.device(device)
         style = {"description_width": "150px"}
         wide = W.Layout(width="60%")
         self.rate = W.FloatSlider(
@@ -340,6 +346,7 @@ class ScaleTrajectoryExplorer:
             backoff_factor=self.backoff.value,
             ceiling_log2=ceiling,
             seed=self.seed,
+            device=self.device,
         )
         scales = self.result["scales"]
         over = self.result["overflowed"]
@@ -352,7 +359,7 @@ class ScaleTrajectoryExplorer:
             self.ax.axhline(ceiling, color="tab:purple", ls=":", label="overflow above this")
         self.ax.set_xlabel("optimizer step")
         self.ax.set_ylabel("log2(scale)")
-        self.ax.set_title("torch.amp.GradScaler's scale, driven with injected infs")
+        self.ax.set_title(f"torch.amp.GradScaler's scale on {self.device.type}, with injected infs")
         self.ax.legend(loc="lower right", fontsize="small")
         self.summary.value = (
             f"skipped <b>{sum(over)}</b> of {len(over)} steps ({sum(over) / len(over):.1%}) "

@@ -184,3 +184,22 @@ def test_small_model_threads_restores_the_thread_count():
     with pytest.raises(RuntimeError), small_model_threads(torch.device("cpu")):
         raise RuntimeError("boom")
     assert torch.get_num_threads() == before
+
+
+def test_simulated_scaler_runs_on_the_given_device():
+    # The widget passes the lesson's device; on a GPU the same trajectory comes from its kernels.
+    on_cpu = simulate_grad_scaler(steps=40, overflow_rate=0.2, growth_interval=3, seed=1)
+    assert (
+        simulate_grad_scaler(
+            steps=40, overflow_rate=0.2, growth_interval=3, seed=1, device=torch.device("cpu")
+        )
+        == on_cpu
+    )
+    if torch.cuda.is_available():
+        on_gpu = simulate_grad_scaler(
+            steps=40, overflow_rate=0.2, growth_interval=3, seed=1, device="cuda"
+        )
+        assert on_gpu == on_cpu
+    explorer = ScaleTrajectoryExplorer(steps=20, device="cpu")
+    assert explorer.device == torch.device("cpu")
+    assert "cpu" in explorer.ax.get_title()

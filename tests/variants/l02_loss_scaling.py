@@ -279,6 +279,29 @@ VARIANTS = {
         """        return float(self._scale) if self._started else float(self._init_scale)""",
         """        return float(self._scale)""",
     ),
+    # Wrong: grows the scale without checking that it is still finite in float32, so at the top
+    # of float32's range the scale becomes inf (GradScaler keeps the old scale instead).
+    "growth_without_inf_check": _scaler(
+        """                if bool(torch.isfinite(grown)):
+                    self._scale = grown""",
+        """                self._scale = grown""",
+    ),
+    # Wrong: when the grown scale would be inf the growth count is not restarted (GradScaler
+    # restarts it whether or not the new scale was taken).
+    "tracker_kept_when_growth_refused": _scaler(
+        """                if bool(torch.isfinite(grown)):
+                    self._scale = grown
+                self._tracker = 0""",
+        """                if bool(torch.isfinite(grown)):
+                    self._scale = grown
+                    self._tracker = 0""",
+    ),
+    # Wrong: state_dict() reads the float32 scale even before the first scale() call, where
+    # GradScaler's state_dict holds init_scale as it was given.
+    "state_dict_rounded_before_first_scale": _scaler(
+        """        return {"scale": self.get_scale(),""",
+        """        return {"scale": float(self._scale),""",
+    ),
     # Wrong: the master gradients are not divided by the loss scale.
     "master_not_unscaled": _master(
         "m.grad = p.grad.detach().float() / scale",
@@ -311,6 +334,22 @@ VARIANTS = {
     # the old float16 gradients.
     "master_keeps_model_grads": _master(
         "    model.zero_grad(set_to_none=True)\n",
+        "",
+    ),
+    # Wrong: a parameter without a gradient gets a zero master gradient instead of None, so an
+    # optimizer with weight decay (or any that updates on a zero gradient) moves its master.
+    "master_zero_grad_for_unused": _master(
+        """            m.grad = None
+            continue""",
+        """            m.grad = torch.zeros_like(m)
+            continue""",
+    ),
+    # Wrong: the masters keep their gradients after the step (only the model's are cleared), so
+    # every float32 gradient stays allocated between steps.
+    "master_keeps_master_grads": _master(
+        """    for m in master_params:
+        m.grad = None
+""",
         "",
     ),
     # Wrong: the master weights are updated but never copied back into the float16 model.
@@ -468,6 +507,14 @@ class DynamicLossScaler:
         self._count = int(d["_growth_tracker"])
 """,
     ),
+    # Divides the gradients by the float32 scale instead of multiplying by its reciprocal (the
+    # same for a power of two, within the last bit otherwise), and scales the loss by a float.
+    "scaler_divides_by_the_scale": _scaler(
+        "p.grad.mul_(inv_scale)",
+        "p.grad.div_(self._scale)",
+        "return loss * self._scale.to(loss.device)",
+        "return loss * float(self._scale)",
+    ),
     # Two passes (set every master gradient, then decide), masters made with empty_like + copy_.
     "master_two_passes": (
         "master_weights",
@@ -522,6 +569,32 @@ def master_step(model, master_params, optimizer, scale):
     optimizer.zero_grad(set_to_none=True)
     model.zero_grad(set_to_none=True)
     return ok
+""",
+    ),
+    # Masters made with .to(copy=True); one finiteness verdict from a stacked tensor; the copy
+    # back casts each master to float16 explicitly.
+    "master_stacked_check": (
+        "master_weights",
+        """
+def make_master_params(model):
+    return [nn.Parameter(p.detach().to(torch.float32, copy=True)) for p in model.parameters()]
+
+
+def master_step(model, master_params, optimizer, scale):
+    pairs = list(zip(model.parameters(), master_params))
+    for p, m in pairs:
+        m.grad = p.grad.to(torch.float32) / scale if p.grad is not None else None
+    checks = [torch.isfinite(m.grad).all() for _, m in pairs if m.grad is not None]
+    finite = bool(torch.stack(checks).all()) if checks else True
+    if finite:
+        optimizer.step()
+        with torch.no_grad():
+            for p, m in pairs:
+                p.copy_(m.detach().to(p.dtype))
+    model.zero_grad(set_to_none=True)
+    for m in master_params:
+        m.grad = None
+    return finite
 """,
     ),
 }
