@@ -853,7 +853,7 @@ class AutocastTable:
 
     CPU rows are measured with ``trace_fn`` (the student's ``trace_dtypes``). CUDA rows are
     measured the same way when a CUDA GPU is present and otherwise *documented*: derived from
-    :data:`OP_LISTS` and ``layer_ops``. ``self.rows`` holds what the table shows.
+    :func:`op_lists` and ``layer_ops``. ``self.rows`` holds what the table shows.
     """
 
     def __init__(

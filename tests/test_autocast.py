@@ -304,6 +304,9 @@ _FAKE_CUDA = textwrap.dedent(
     }
     for name, call in calls.items():
         print("OP", name, str(call().dtype).removeprefix("torch."))
+    # An explicit dtype= wins over the float32 list (fp32_set_opt_dtype fills in a missing one).
+    print("EXPLICIT softmax", str(torch.softmax(h, -1, dtype=torch.float16).dtype))
+    print("EXPLICIT sum", str(h.sum(dtype=torch.float16).dtype))
     try:
         F.binary_cross_entropy(h, h)
         print("OP binary_cross_entropy ran")
@@ -352,6 +355,10 @@ def test_documented_cuda_lists_match_torch_cuda_kernels_on_fake_tensors():
             want = "raises"
         assert got == want, f"{name}: torch's CUDA kernel gives {got}, the lists say {want}"
     assert len(ops) == 22
+    explicit = dict(
+        line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("EXPLICIT")
+    )
+    assert explicit == {"softmax": "torch.float16", "sum": "torch.float16"}, explicit
     casts = dict(line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("CAST"))
     assert casts == {"cudnn_convolution": "float16", "cudnn_convolution_transpose": "float16"}
     for name, policy in A.CUDA_OUTSIDE_HEADER.items():

@@ -218,6 +218,148 @@ def trace_dtypes(model, inputs, device_type, dtype):
     return found
 """,
     ),
+    "trace_tuple_only": (
+        "trace_dtypes",
+        """
+def trace_dtypes(model, inputs, device_type, dtype):
+    # Wrong: looks inside tuples only, so a module that returns a list crashes the hook.
+    found, handles = {}, []
+    try:
+        for name, module in model.named_modules():
+            if name:
+                def hook(module, args, output, name=name):
+                    if isinstance(output, tuple):
+                        output = next((t for t in output if isinstance(t, torch.Tensor)), None)
+                    if output is not None:
+                        found[name] = output.dtype
+                handles.append(module.register_forward_hook(hook))
+        with torch.amp.autocast(device_type, dtype=dtype):
+            model(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+""",
+    ),
+    "trace_none_for_no_tensor": (
+        "trace_dtypes",
+        """
+def trace_dtypes(model, inputs, device_type, dtype):
+    # Wrong: a module whose output holds no tensor (a number) gets an entry of None instead of
+    # no entry.
+    found, handles = {}, []
+    try:
+        for name, module in model.named_modules():
+            if name:
+                def hook(module, args, output, name=name):
+                    if isinstance(output, (tuple, list)):
+                        output = next((t for t in output if isinstance(t, torch.Tensor)), None)
+                    found[name] = getattr(output, "dtype", None)
+                handles.append(module.register_forward_hook(hook))
+        with torch.amp.autocast(device_type, dtype=dtype):
+            model(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+""",
+    ),
+    "trace_assumes_tensor_output": (
+        "trace_dtypes",
+        """
+def trace_dtypes(model, inputs, device_type, dtype):
+    # Wrong: reads output.dtype whenever the output is not a tuple or list, so a module that
+    # returns a number makes the hook (and the forward pass) raise.
+    found, handles = {}, []
+    try:
+        for name, module in model.named_modules():
+            if name:
+                def hook(module, args, output, name=name):
+                    if isinstance(output, (tuple, list)):
+                        output = next((t for t in output if isinstance(t, torch.Tensor)), None)
+                        if output is None:
+                            return
+                    found[name] = output.dtype
+                handles.append(module.register_forward_hook(hook))
+        with torch.amp.autocast(device_type, dtype=dtype):
+            model(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+""",
+    ),
+    "trace_floating_only": (
+        "trace_dtypes",
+        """
+def trace_dtypes(model, inputs, device_type, dtype):
+    # Wrong: records floating point outputs only, so a module that returns an integer tensor
+    # (an argmax) has no entry; its output's dtype is torch.int64.
+    found, handles = {}, []
+    try:
+        for name, module in model.named_modules():
+            if name:
+                def hook(module, args, output, name=name):
+                    if isinstance(output, (tuple, list)):
+                        output = next((t for t in output if isinstance(t, torch.Tensor)), None)
+                    if isinstance(output, torch.Tensor) and output.is_floating_point():
+                        found[name] = output.dtype
+                handles.append(module.register_forward_hook(hook))
+        with torch.amp.autocast(device_type, dtype=dtype):
+            model(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+""",
+    ),
+    "trace_first_element_only": (
+        "trace_dtypes",
+        """
+def trace_dtypes(model, inputs, device_type, dtype):
+    # Wrong: looks only at element 0 of a tuple and skips the module when that is not a tensor,
+    # instead of taking the first element that is one.
+    found, handles = {}, []
+    try:
+        for name, module in model.named_modules():
+            if name:
+                def hook(module, args, output, name=name):
+                    if isinstance(output, (tuple, list)):
+                        output = output[0] if output else None
+                    if isinstance(output, torch.Tensor):
+                        found[name] = output.dtype
+                handles.append(module.register_forward_hook(hook))
+        with torch.amp.autocast(device_type, dtype=dtype):
+            model(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+""",
+    ),
+    "trace_clears_every_hook": (
+        "trace_dtypes",
+        """
+def trace_dtypes(model, inputs, device_type, dtype):
+    # Wrong: cleans up by clearing every forward hook of every module, someone else's too.
+    found = {}
+    try:
+        for name, module in model.named_modules():
+            if name:
+                def hook(module, args, output, name=name):
+                    if isinstance(output, (tuple, list)):
+                        output = next((t for t in output if isinstance(t, torch.Tensor)), None)
+                    if isinstance(output, torch.Tensor):
+                        found[name] = output.dtype
+                module.register_forward_hook(hook)
+        with torch.amp.autocast(device_type, dtype=dtype):
+            model(*inputs)
+    finally:
+        for module in model.modules():
+            module._forward_hooks.clear()
+    return found
+""",
+    ),
     "lse_without_max_shift": (
         "custom_fwd_function",
         """
@@ -277,6 +419,51 @@ class LogSumExp32(torch.autograd.Function):
         return (x - out.unsqueeze(-1)).exp()
 """,
     ),
+    "lse_other_device_type": (
+        "custom_fwd_function",
+        """
+_OTHER_DEVICE = "cpu" if env.device_type == "cuda" else "cuda"
+
+
+class LogSumExp32(torch.autograd.Function):
+    # Wrong: decorated for the other device type (device_type="cuda" copied from an example on a
+    # CPU run), so the decorator ignores this device's autocast and the forward runs in low
+    # precision.
+    @staticmethod
+    @torch.amp.custom_fwd(device_type=_OTHER_DEVICE, cast_inputs=torch.float32)
+    def forward(ctx, x):
+        m = x.amax(dim=-1, keepdim=True)
+        out = (x - m).exp().sum(dim=-1).log() + m.squeeze(-1)
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type=_OTHER_DEVICE)
+    def backward(ctx, grad):
+        x, out = ctx.saved_tensors
+        return grad.unsqueeze(-1) * (x - out.unsqueeze(-1)).exp()
+""",
+    ),
+    "lse_always_float32": (
+        "custom_fwd_function",
+        """
+class LogSumExp32(torch.autograd.Function):
+    # Wrong: no decorators; casts to float32 by hand always, so outside autocast a float64 input
+    # gives a float32 result (not the input's dtype) and gradcheck in float64 fails.
+    @staticmethod
+    def forward(ctx, x):
+        x = x.float()
+        m = x.amax(dim=-1, keepdim=True)
+        out = (x - m).exp().sum(dim=-1).log() + m.squeeze(-1)
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, out = ctx.saved_tensors
+        return grad.unsqueeze(-1) * (x - out.unsqueeze(-1)).exp()
+""",
+    ),
 }
 
 
@@ -331,6 +518,31 @@ def trace_dtypes(model, inputs, device_type, dtype):
             stack.callback(module.register_forward_hook(record).remove)
         stack.enter_context(torch.amp.autocast(device_type, dtype=dtype))
         model(*inputs)
+    return found
+""",
+    ),
+    "trace_hooks_always_call": (
+        "trace_dtypes",
+        """
+def trace_dtypes(model, inputs, device_type, dtype):
+    # Hooks keyed by module (not by name), registered with always_call=True; the tensors of a
+    # tuple or list are filtered first, and the handles removed in finally.
+    names = {module: name for name, module in model.named_modules() if name}
+    found, handles = {}, []
+
+    def hook(module, args, output):
+        items = list(output) if isinstance(output, (tuple, list)) else [output]
+        tensors = [t for t in items if torch.is_tensor(t)]
+        if tensors:
+            found[names[module]] = tensors[0].dtype
+
+    try:
+        handles = [m.register_forward_hook(hook, always_call=True) for m in names]
+        with torch.amp.autocast(device_type=device_type, dtype=dtype):
+            model(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
     return found
 """,
     ),
