@@ -223,6 +223,40 @@ def pytorch_momentum(keras_momentum):
     return 1.0 - k
 """,
     ),
+    "integer_buffers_halved": (
+        "keep_norm_fp32",
+        """
+def half_with_fp32_norm(model):
+    # Wrong: converts every buffer outside the normalization layers to float16, integer ones too
+    # (.half() converts only floating point tensors; a counter or an index buffer must stay long).
+    norm_types = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm)
+"""
+        + _HOOKS
+        + """
+    for module in model.modules():
+        if isinstance(module, norm_types):
+            module.register_forward_pre_hook(to_float32)
+            module.register_forward_hook(to_float16)
+        else:
+            for p in module.parameters(recurse=False):
+                p.data = p.data.half()
+            for name, b in module.named_buffers(recurse=False):
+                setattr(module, name, b.half())
+    return model
+""",
+    ),
+    "momentum_float32_tensor": (
+        "bn_momentum",
+        """
+def pytorch_momentum(keras_momentum):
+    # Wrong: computes 1 - k in a float32 tensor, so the result carries float32's rounding
+    # (0.9 comes back as 0.100000024) instead of the Python float 1 - k.
+    k = float(keras_momentum)
+    if not 0.0 <= k <= 1.0:
+        raise ValueError(f"momentum must be in [0, 1], got {keras_momentum!r}")
+    return float(1 - torch.tensor(k))
+""",
+    ),
 }
 
 VALID = {
@@ -277,6 +311,58 @@ def half_with_fp32_norm(model):
         m.load_state_dict(state)
         m.register_forward_pre_hook(lambda mod, args: (args[0].to(torch.float32),) + args[1:])
         m.register_forward_hook(lambda mod, args, out: out.to(torch.float16))
+    return model
+""",
+    ),
+    "forward_wrapped_copy": (
+        "keep_norm_fp32",
+        """
+import copy
+
+
+def half_with_fp32_norm(model):
+    # Valid: works on a copy and returns it; finds the norms through torch's _BatchNorm base;
+    # wraps each norm instance's forward (no hooks); converts the other modules' own tensors.
+    model = copy.deepcopy(model)
+    norm_types = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm)
+
+    def float32_inside(forward):
+        def wrapped(x):
+            return forward(x.to(torch.float32)).to(torch.float16)
+
+        return wrapped
+
+    for module in model.modules():
+        if isinstance(module, norm_types):
+            module.forward = float32_inside(module.forward)
+            continue
+        for p in module.parameters(recurse=False):
+            p.data = p.data.to(torch.float16)
+        for name, b in module.named_buffers(recurse=False):
+            if b.is_floating_point():
+                module.register_buffer(name, b.to(torch.float16))
+    return model
+""",
+    ),
+    "cast_all_but_norm_tensors": (
+        "keep_norm_fp32",
+        """
+def half_with_fp32_norm(model):
+    # Valid: collects the norms' tensors first and casts every other floating point tensor,
+    # found through named_parameters/named_buffers of each module; hooks written with .to().
+    norm_types = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm)
+    norms = [m for m in model.modules() if isinstance(m, norm_types)]
+    keep = {id(t) for m in norms for t in [*m.parameters(), *m.buffers()]}
+    for m in model.modules():
+        for p in m.parameters(recurse=False):
+            if id(p) not in keep and p.is_floating_point():
+                p.data = p.data.to(torch.half)
+        for name, b in list(m.named_buffers(recurse=False)):
+            if id(b) not in keep and b.is_floating_point():
+                setattr(m, name, b.to(torch.half))
+    for m in norms:
+        m.register_forward_pre_hook(lambda mod, args: (args[0].to(torch.float32), *args[1:]))
+        m.register_forward_hook(lambda mod, args, out: out.to(torch.half))
     return model
 """,
     ),
