@@ -33,7 +33,7 @@ _BITS_AS_INT: dict[int, torch.dtype] = {
 
 @dataclass(frozen=True)
 class FormatInfo:
-    """The numbers that decide what a dtype can hold (from ``torch.finfo``)."""
+    """The numbers that decide what a dtype can hold (from ``torch.finfo``; lesson 01)."""
 
     dtype: torch.dtype
     bits: int
@@ -89,10 +89,12 @@ def format_table(dtypes: tuple[torch.dtype, ...] = FORMATS) -> str:
 
 
 def spacing(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The gap between each value's binade neighbours in ``dtype``: one unit in the last place.
+    """The gap from each ``|value|`` up to the next ``dtype`` number: one unit in the last place.
 
-    For a normal number ``x`` that is ``2**(floor(log2|x|) - mantissa_bits)``; below the smallest
-    normal the gap is the smallest subnormal (lesson 01).
+    For ``|x|`` in the dtype's normal range that is
+    ``2**(floor(log2|x|) - mantissa_bits)``; below the smallest normal the gap is the smallest
+    subnormal. Computed for the value as given, in float64, not first rounded to ``dtype``
+    (lesson 01).
     """
     info = format_info(dtype)
     x = values.double().abs()

@@ -17,7 +17,10 @@ FP16_INF_LOG2 = math.log2(65520.0)
 
 
 def new_figure(width: float = 7.0, height: float = 3.5, ncols: int = 1) -> tuple[Figure, list]:
-    """A figure not registered with pyplot, so widgets can redraw it without leaking figures."""
+    """A figure not registered with pyplot, so widgets can redraw it without leaking figures.
+
+    Introduced in lesson 01 (its loss-scale widget).
+    """
     fig = Figure(figsize=(width, height), layout="constrained")
     axes = [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
     return fig, axes

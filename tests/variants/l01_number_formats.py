@@ -211,6 +211,20 @@ def underflow_fraction(grads, scale):
     return lost.sum() / nonzero.sum()
 """,
     ),
+    "underflow_scales_in_input_dtype": (
+        "underflow_fraction",
+        """
+def underflow_fraction(grads, scale):
+    # Wrong: multiplies in the gradient's own dtype, (g * scale).half(), not in float32 as stated;
+    # a bfloat16 product is rounded to bfloat16 first, and just above 2^-25 that tips it to 0.
+    nonzero = lost = 0
+    for g in grads:
+        keep = g != 0
+        nonzero += int(keep.sum())
+        lost += int(((g * scale).half() == 0)[keep].sum())
+    return lost / nonzero if nonzero else 0.0
+""",
+    ),
     # max_safe_scale ----------------------------------------------------------------------------
     "safe_scale_trusts_log2": (
         "max_safe_scale",
@@ -350,6 +364,15 @@ def fp16_bits(x):
     return sign, exponent, mantissa
 """,
     ),
+    "bits_viewed_as_uint16": (
+        "fp16_bits",
+        """
+def fp16_bits(x):
+    # The bits viewed as unsigned 16-bit integers, so no sign to mask off; widened for the shifts.
+    bits = x.view(torch.uint16).to(torch.int32)
+    return bits >> 15, (bits >> 10) & 0x1F, bits & 0x3FF
+""",
+    ),
     "bits_masked_in_int16": (
         "fp16_bits",
         """
@@ -387,6 +410,21 @@ def fp16_fate(x):
     return fate
 """,
     ),
+    "fate_thresholds_before_cast": (
+        "fp16_fate",
+        """
+def fp16_fate(x):
+    # Flush and overflow read off the float32 value by the exact rounding thresholds (at most
+    # 2^-25 rounds to 0, from 65520 up to inf); subnormal from the cast value.
+    a = x.abs()
+    h = x.half()
+    fate = torch.zeros(x.shape, dtype=torch.long, device=x.device)
+    fate[(h != 0) & (h.abs() < torch.finfo(torch.float16).smallest_normal)] = 1
+    fate[(x != 0) & (a <= 2.0**-25)] = 2
+    fate[torch.isfinite(x) & (a >= 65520.0)] = 3
+    return fate
+""",
+    ),
     # kahan_sum ---------------------------------------------------------------------------------
     "kahan_indexed_loop": (
         "kahan_sum",
@@ -419,6 +457,22 @@ def kahan_sum(values, dtype=torch.float16):
     return state[0]
 """,
     ),
+    "kahan_negated_compensation": (
+        "kahan_sum",
+        """
+def kahan_sum(values, dtype=torch.float16):
+    # The same recurrence with c kept negated: y = v + c, c = y - (t - s). Negation is exact, so
+    # every rounded result is the same.
+    s = torch.zeros((), dtype=dtype)
+    c = torch.zeros((), dtype=dtype)
+    for v in torch.as_tensor(values, dtype=dtype).flatten():
+        y = v + c
+        t = s + y
+        c = y - (t - s)
+        s = t
+    return s
+""",
+    ),
     # underflow_fraction ------------------------------------------------------------------------
     "underflow_one_tensor_in_torch": (
         "underflow_fraction",
@@ -444,6 +498,21 @@ def underflow_fraction(grads, scale):
     nonzero = sum(v.numel() for v in kept)
     lost = sum(int(((v * scale).half() == 0).sum()) for v in kept)
     return lost / nonzero if nonzero else 0.0
+""",
+    ),
+    "underflow_threshold_on_the_product": (
+        "underflow_fraction",
+        """
+def underflow_fraction(grads, scale):
+    # The float32 product flushes exactly when its magnitude is at most 2^-25 (2^-25 itself ties
+    # to even, 0); no float16 tensor is made.
+    nonzero = lost = 0
+    for g in grads:
+        product = g.float() * scale
+        keep = g != 0
+        nonzero += int(keep.sum())
+        lost += int((keep & (product.abs() <= 2.0**-25)).sum())
+    return float(lost / nonzero) if nonzero else 0.0
 """,
     ),
     # max_safe_scale ----------------------------------------------------------------------------
@@ -476,6 +545,27 @@ def max_safe_scale(grads):
     while amax * 2.0 ** (k + 1) <= 65504.0:
         k += 1
     return 2.0**k
+""",
+    ),
+    "safe_scale_by_bisection": (
+        "max_safe_scale",
+        """
+def max_safe_scale(grads):
+    # Bisection on k over float64's whole exponent range, testing the condition with ldexp.
+    amax = 0.0
+    for g in grads:
+        if g.numel():
+            amax = max(amax, float(g.detach().abs().max()))
+    if amax == 0.0:
+        raise ValueError("every gradient is zero")
+    lo, hi = -1100, 1100
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if amax * math.ldexp(1.0, mid) <= 65504.0:
+            lo = mid
+        else:
+            hi = mid - 1
+    return math.ldexp(1.0, lo)
 """,
     ),
 }
