@@ -46,8 +46,9 @@ def breast_cancer(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
     """scikit-learn's breast cancer data in its raw units (lesson 04).
 
-    569 tumours, 30 measurements each (radii in mm, areas in mm^2, ...), two classes. The data
-    ships inside scikit-learn: nothing is downloaded. The features are *not* standardized, so
+    569 breast masses, 30 measurements each of the cell nuclei in a digitized image (radius,
+    perimeter, area, ... in the image's own units), two classes. The data ships inside
+    scikit-learn: nothing is downloaded. The features are *not* standardized, so
     some have variances far above float16's largest value. Returns ``(x_train, y_train, x_test,
     y_test, feature_names)`` with float32 features and long labels, split by a fixed permutation.
     """
