@@ -54,7 +54,7 @@ class TrainSpec:
     micro-batch. ``fp16_compress`` communicates gradients with DDP's ``fp16_compress_hook``.
     ``poison`` lists ``(step, rank)`` pairs: that rank's first sample of that step becomes inf.
     ``batch_norm`` adds BatchNorm layers; ``sync_bn`` converts them to ``SyncBatchNorm`` (which
-    works on GPUs only).
+    refuses CPU tensors: CUDA, HPU, XPU or a PrivateUse1 device only).
     """
 
     steps: int = 20
