@@ -225,6 +225,21 @@ def underflow_fraction(grads, scale):
     return lost / nonzero if nonzero else 0.0
 """,
     ),
+    "underflow_empty_returns_int": (
+        "underflow_fraction",
+        """
+def underflow_fraction(grads, scale):
+    # Wrong: right whenever something is non-zero, but returns the int 0, not the float 0.0 the
+    # task asks for, when nothing is.
+    nonzero = lost = 0
+    for g in grads:
+        g = g.float()
+        keep = g != 0
+        nonzero += int(keep.sum())
+        lost += int(((g * scale).half() == 0)[keep].sum())
+    return lost / nonzero if nonzero else 0
+""",
+    ),
     # max_safe_scale ----------------------------------------------------------------------------
     "safe_scale_trusts_log2": (
         "max_safe_scale",
@@ -331,6 +346,24 @@ def max_safe_scale(grads):
     amax = torch.stack(present).max() if present else torch.tensor(0.0)
     if amax == 0:
         raise ValueError("every gradient is zero")
+    k = 0
+    while amax * 2.0**k > 65504.0:
+        k -= 1
+    while amax * 2.0 ** (k + 1) <= 65504.0:
+        k += 1
+    return float(2.0**k)
+""",
+    ),
+    "safe_scale_in_gradient_dtype": (
+        "max_safe_scale",
+        """
+def max_safe_scale(grads):
+    # Wrong: compares amax * 2^k with 65504 in the gradient's own dtype; in bfloat16 65504 rounds
+    # to 65536, so a power-of-two amax gets a scale twice too large (and float32 overflows).
+    present = [g.detach().abs().max() for g in grads if g.numel()]
+    if not present or max(float(p) for p in present) == 0.0:
+        raise ValueError("every gradient is zero")
+    amax = max(present, key=float)
     k = 0
     while amax * 2.0**k > 65504.0:
         k -= 1
