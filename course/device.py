@@ -92,7 +92,7 @@ def describe_device(device: torch.device) -> str:
 
 @contextmanager
 def one_cpu_thread(device: torch.device | str = "cpu") -> Iterator[None]:
-    """Run torch's CPU ops on one thread inside the block, then restore the count (lesson 02).
+    """Run torch's CPU ops on one thread inside the block, then restore the count (lesson 01).
 
     Lessons that train tiny models run thousands of small ops one after another; waking several
     threads for each costs far more than the op itself, above all on a busy machine. Does
