@@ -122,9 +122,9 @@ def scale_sweep(
     """What a static loss scale does to one backward pass of ``model`` (lesson 02).
 
     For each ``2**k`` the cross-entropy of ``model(x)`` under ``dtype`` autocast (on ``x``'s
-    device) is multiplied by the scale and back-propagated. Returns the fraction of the
-    gradient elements that are non-zero in float32 but zero here (``lost``), the fraction that are
-    inf or nan (``overflow``), and the relative error of the unscaled gradients against float32
+    device) is multiplied by the scale and back-propagated. Returns the fraction of float32's
+    non-zero gradient elements that are zero here (``lost``), the fraction of all elements that
+    are inf or nan (``overflow``), and the relative error of the unscaled gradients against float32
     (``rel_error``, nan when anything overflowed). The model's gradients are cleared afterwards.
     """
     device_type = x.device.type
