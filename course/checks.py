@@ -23,6 +23,7 @@ _isnan = torch.isnan
 _where = torch.where
 _abs = torch.abs
 _isclose = torch.isclose
+_isnan = torch.isnan
 _builtin_isinstance = isinstance
 _type = type
 
@@ -147,6 +148,7 @@ def check_close(
     if bool(ok.all()):
         return
     err = _where(ok, torch.zeros_like(a), _abs(a - e))
+    err = _where(_isnan(err), math.inf, err)  # a NaN where a number was expected is the worst
     idx = tuple((err == err.max()).nonzero()[0].tolist())
     raise CheckFailed(
         f"{what} differs from the reference in {int((~ok).sum())} of {ok.numel()} elements "

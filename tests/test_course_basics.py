@@ -193,3 +193,8 @@ def test_overflow_fraction_counts_infs_after_scaling():
     assert overflow_fraction(g, 1.0) == 0.0
     assert overflow_fraction(g, 2.0) == pytest.approx(1 / 3)
     assert overflow_fraction(g, 2.0**15) == pytest.approx(2 / 3)
+
+
+def test_check_close_reports_a_nan_where_a_number_was_expected():
+    with pytest.raises(checks.CheckFailed, match=r"worst at index \[1\]: expected 2.0, got nan"):
+        checks.check_close(torch.tensor([1.0, math.nan, 3.5]), torch.tensor([1.0, 2.0, 3.0]), "x")
