@@ -148,6 +148,41 @@ def peak_memory_bytes(fn: Callable[[], object], device: torch.device | str) -> i
     return int(torch.cuda.max_memory_allocated(device) - base)
 
 
+def saved_tensor_peak_bytes(fn: Callable[[], object]) -> tuple[int, int]:
+    """Peak and final bytes of tensors saved for backward while ``fn()`` runs (lesson 05).
+
+    Counted on every device with ``torch.autograd.graph.saved_tensors_hooks``: each saved tensor's
+    storage counts once (however many graph nodes save it) from when it is saved until autograd
+    releases it after its backward pass. These are the activations (and the autocast copies of the
+    weights) that accumulation keeps small; the allocator's peak (:func:`peak_memory_bytes`) adds
+    the parameters, gradients and temporaries. Returns ``(peak, still_held_at_the_end)``.
+    """
+    storages: dict[int, list[int]] = {}  # storage pointer -> [bytes, references]
+    state = {"now": 0, "peak": 0}
+
+    class _Held:
+        __slots__ = ("key", "tensor")
+
+        def __init__(self, tensor: torch.Tensor) -> None:
+            self.tensor, self.key = tensor, tensor.untyped_storage().data_ptr()
+            entry = storages.setdefault(self.key, [tensor.untyped_storage().nbytes(), 0])
+            if entry[1] == 0:
+                state["now"] += entry[0]
+                state["peak"] = max(state["peak"], state["now"])
+            entry[1] += 1
+
+        def __del__(self) -> None:
+            entry = storages[self.key]
+            entry[1] -= 1
+            if entry[1] == 0:
+                state["now"] -= entry[0]
+                del storages[self.key]
+
+    with torch.autograd.graph.saved_tensors_hooks(_Held, lambda held: held.tensor):
+        fn()
+    return state["peak"], state["now"]
+
+
 @dataclass(frozen=True)
 class AccumulationResult:
     """What one call of an accumulated step did, as the widget measured it (lesson 05)."""
@@ -158,6 +193,8 @@ class AccumulationResult:
     difference: float | None
     stepped: bool | None
     error: str | None = None
+    #: Peak bytes saved for backward during the step (:func:`saved_tensor_peak_bytes`).
+    saved_bytes: int | None = None
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -171,7 +208,9 @@ class AccumulationExplorer:
     splits one batch, runs ``step_fn`` once with a :class:`RecordingSGD` at ``lr=0`` (so the
     model never changes) and a fresh GradScaler (enabled for float16, disabled for bfloat16),
     and shows the gradients the optimizer received against the float32 full-batch gradients.
-    Peak memory is measured on CUDA only; on the CPU the widget says it is not measured.
+    Memory: the peak bytes saved for backward (:func:`saved_tensor_peak_bytes`) on every
+    device, and on CUDA also the allocator's peak; on the CPU the widget says the latter is not
+    measured.
     """
 
     def __init__(
@@ -230,10 +269,13 @@ class AccumulationExplorer:
         micro = split_batch(self.x, self.y, count)
         box: dict[str, object] = {}
 
-        def run() -> None:
+        def step() -> None:
             box["stepped"] = self.step_fn(
                 model, optimizer, scaler, micro, self.loss_fn, self.device.type, dtype
             )
+
+        def run() -> None:
+            box["saved"] = saved_tensor_peak_bytes(step)[0]
 
         try:
             peak = peak_memory_bytes(run, self.device)
@@ -246,14 +288,20 @@ class AccumulationExplorer:
             return AccumulationResult(count, dtype, None, None, None, message)
         stepped = box.get("stepped")
         stepped = stepped if isinstance(stepped, bool) else None
+        saved = box.get("saved")
         if optimizer.seen is None:
-            return AccumulationResult(count, dtype, peak, None, stepped)
+            return AccumulationResult(count, dtype, peak, None, stepped, saved_bytes=saved)
         seen = [
             torch.zeros_like(r) if g is None else g
             for g, r in zip(optimizer.seen, self.reference, strict=True)
         ]
         return AccumulationResult(
-            count, dtype, peak, relative_difference(seen, self.reference), stepped
+            count,
+            dtype,
+            peak,
+            relative_difference(seen, self.reference),
+            stepped,
+            saved_bytes=saved,
         )
 
     def curve(self, dtype: torch.dtype) -> dict[int, AccumulationResult]:
@@ -283,12 +331,14 @@ class AccumulationExplorer:
         )
         if r.error:
             return f"{head}: <b>{html.escape(r.error)}</b>"
+        saved = f"{r.saved_bytes / 2**10:.1f} KiB" if r.saved_bytes is not None else "?"
+        saved = f"peak saved for backward: <b>{saved}</b>"
         if self.device.type == "cuda":
             mem = f"{r.peak_bytes / 2**20:.2f} MiB" if r.peak_bytes is not None else "?"
-            mem = f"peak memory during the step: <b>{mem}</b>"
+            mem = f"{saved} &nbsp;|&nbsp; CUDA peak allocated during the step: <b>{mem}</b>"
         else:
             mem = (
-                "peak memory: <b>not measured on the CPU</b> "
+                f"{saved} &nbsp;|&nbsp; allocator peak: <b>not measured on the CPU</b> "
                 "(torch.cuda.max_memory_allocated is CUDA only)"
             )
         if r.difference is None:
@@ -305,20 +355,32 @@ class AccumulationExplorer:
         name = _dtype_name(now.dtype)
         self.ax_mem.clear()
         self.ax_diff.clear()
+        saved = [curve[k].saved_bytes for k in ks]
         mem = [curve[k].peak_bytes for k in ks]
+        drawn = False
+        if all(m is not None for m in saved):
+            self.ax_mem.plot(ks, [m / 2**20 for m in saved], "o-", label="saved for backward")
+            if now.saved_bytes is not None:
+                self.ax_mem.plot([now.count], [now.saved_bytes / 2**20], "o", ms=12, mfc="none")
+            drawn = True
         if self.device.type == "cuda" and all(m is not None for m in mem):
-            self.ax_mem.plot(ks, [m / 2**20 for m in mem], "o-")
-            if now.peak_bytes is not None:
-                self.ax_mem.plot([now.count], [now.peak_bytes / 2**20], "o", ms=12, mfc="none")
+            self.ax_mem.plot(ks, [m / 2**20 for m in mem], "s-", label="CUDA peak allocated")
+            drawn = True
+        if drawn:
             self.ax_mem.set_ylabel("peak MiB during the step")
+            self.ax_mem.legend(fontsize="small")
         else:
-            why = "not measured on the CPU" if self.device.type != "cuda" else "nothing measured"
             self.ax_mem.text(
-                0.5, 0.5, why, ha="center", va="center", transform=self.ax_mem.transAxes
+                0.5,
+                0.5,
+                "nothing measured",
+                ha="center",
+                va="center",
+                transform=self.ax_mem.transAxes,
             )
         self.ax_mem.set_xscale("log", base=2)
         self.ax_mem.set_xlabel("micro-batches per step")
-        self.ax_mem.set_title("peak memory")
+        self.ax_mem.set_title(f"peak memory ({self.device.type})")
         diffs = [(k, curve[k].difference) for k in ks if curve[k].difference is not None]
         if diffs:
             self.ax_diff.plot([k for k, _ in diffs], [max(d, 1e-12) for _, d in diffs], "o-")

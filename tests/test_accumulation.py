@@ -15,6 +15,7 @@ from course.accumulation import (
     full_batch_grads,
     peak_memory_bytes,
     relative_difference,
+    saved_tensor_peak_bytes,
     split_batch,
 )
 
@@ -124,6 +125,34 @@ def test_peak_memory_is_not_measured_on_cpu_but_the_function_runs():
     assert ran == [1]
 
 
+def _backward_each(net, x, y, k):
+    for xb, yb in split_batch(x, y, k):
+        (loss_fn(net(xb), yb) / k).backward()
+
+
+def _one_backward(net, x, y, k):
+    sum(loss_fn(net(xb), yb) / k for xb, yb in split_batch(x, y, k)).backward()
+
+
+def test_saved_tensor_peak_shrinks_with_micro_batches_and_is_released():
+    net, x, y = _problem(0, n=64)
+    peaks = {}
+    for k in (1, 4, 16):
+        peaks[k], left = saved_tensor_peak_bytes(lambda k=k: _backward_each(net, x, y, k))
+        assert left == 0  # every saved tensor released after its backward pass
+    assert peaks[1] > peaks[4] > peaks[16] > 0
+    # The input of the first layer (64 x 8 float32) is saved for its weight's gradient.
+    assert peaks[1] >= 64 * 8 * 4
+    # One backward pass over all micro-batches keeps every micro-batch's activations alive.
+    together, left = saved_tensor_peak_bytes(lambda: _one_backward(net, x, y, 16))
+    assert left == 0 and together > 2 * peaks[16]
+    # A graph still alive when fn returns (no backward pass yet) is still counted.
+    kept = []
+    _, held = saved_tensor_peak_bytes(lambda: kept.append(loss_fn(net(x), y)))
+    assert held > 0
+    kept.clear()
+
+
 def test_dropout_mlp_shape_and_randomness():
     net = dropout_mlp((5, 7, 3), p=0.5)
     assert [type(m) for m in net] == [nn.Linear, nn.ReLU, nn.Dropout, nn.Linear]
@@ -147,6 +176,7 @@ def test_widget_follows_the_count_slider():
     first = explorer.stats.value
     assert explorer.selected.count == 1
     assert "not measured on the CPU" in first
+    assert "saved for backward" in first and explorer.selected.saved_bytes > 0
     explorer.count_slider.value = 4
     assert explorer.selected.count == 4
     assert explorer.stats.value != first

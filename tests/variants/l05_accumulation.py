@@ -195,6 +195,49 @@ def accumulated_step(model, optimizer, scaler, micro_batches, loss_fn, device_ty
     return bool(scaler.get_scale() >= before)
 """,
     ),
+    "backward_inside_autocast": (
+        "accumulated_step",
+        """
+def accumulated_step(model, optimizer, scaler, micro_batches, loss_fn, device_type, dtype,
+                     max_grad_norm=None):
+    # Wrong: runs the backward pass inside the autocast block; autocast is for the forward pass
+    # and the loss, and the backward pass already runs in the dtypes the forward chose.
+    for xb, yb in micro_batches:
+        with torch.amp.autocast(device_type, dtype=dtype):
+            loss = loss_fn(model(xb), yb) / len(micro_batches)
+            scaler.scale(loss).backward()
+    if max_grad_norm is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return bool(scaler.get_scale() >= before)
+""",
+    ),
+    "stepped_if_losses_finite": (
+        "accumulated_step",
+        """
+def accumulated_step(model, optimizer, scaler, micro_batches, loss_fn, device_type, dtype,
+                     max_grad_norm=None):
+    # Wrong: "stepped" taken as "every loss was finite"; a scaled backward pass can overflow
+    # float16 while every loss is finite, and the scaler then skips the step.
+    finite = True
+    for xb, yb in micro_batches:
+        with torch.amp.autocast(device_type, dtype=dtype):
+            loss = loss_fn(model(xb), yb) / len(micro_batches)
+        finite = finite and bool(torch.isfinite(loss))
+        scaler.scale(loss).backward()
+    if max_grad_norm is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return finite
+""",
+    ),
     "no_optimizer_state": (
         "checkpoint_state",
         """
@@ -438,6 +481,53 @@ def load_training_state(path, model, optimizer, scaler):
     torch.set_rng_state(cpu_rng)
     if cuda_rng is not None:
         torch.cuda.set_rng_state_all(cuda_rng)
+""",
+    ),
+    "finite_scaled_grads": (
+        "accumulated_step",
+        """
+def accumulated_step(model, optimizer, scaler, micro_batches, loss_fn, device_type, dtype,
+                     max_grad_norm=None):
+    # Valid: decides "stepped" from the gradients before the scaler touches them; multiplying
+    # by the finite 1 / scale keeps an inf an inf and a finite value finite, so the scaled
+    # gradients are finite exactly when the unscaled ones are.
+    params = list(model.parameters())
+    for xb, yb in micro_batches:
+        with torch.autocast(device_type, dtype):
+            loss = loss_fn(model(xb), yb) * (1.0 / len(micro_batches))
+        scaler.scale(loss).backward()
+    finite = all(bool(p.grad.isfinite().all()) for p in params if p.grad is not None)
+    if max_grad_norm is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    for p in params:
+        p.grad = None
+    return finite
+""",
+    ),
+    "checkpoint_rng_first": (
+        "checkpoint_state",
+        """
+def save_training_state(path, model, optimizer, scaler):
+    # Valid: the random state saved first and restored first, the path through os.fspath.
+    state = {"rng": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    state.update(model=model.state_dict(), opt=optimizer.state_dict(),
+                 amp=scaler.state_dict())
+    torch.save(state, os.fspath(path))
+
+
+def load_training_state(path, model, optimizer, scaler):
+    state = torch.load(os.fspath(path), weights_only=True)
+    torch.set_rng_state(state["rng"])
+    if "cuda_rng" in state:
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    scaler.load_state_dict(state["amp"])
+    optimizer.load_state_dict(state["opt"])
+    model.load_state_dict(state["model"])
 """,
     ),
 }
