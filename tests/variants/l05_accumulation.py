@@ -507,6 +507,27 @@ def accumulated_step(model, optimizer, scaler, micro_batches, loss_fn, device_ty
     return finite
 """,
     ),
+    "clip_scaled_with_scaled_threshold": (
+        "accumulated_step",
+        """
+def accumulated_step(model, optimizer, scaler, micro_batches, loss_fn, device_type, dtype,
+                     max_grad_norm=None):
+    # Valid: clips the still-scaled gradients to max_grad_norm times the scale, which is the
+    # same clipping (the scale is a power of two), and lets scaler.step unscale; on an overflow
+    # step the clipped gradients hold NaN, which step's own unscale_ finds.
+    for xb, yb in micro_batches:
+        with torch.amp.autocast(device_type, dtype=dtype):
+            loss = loss_fn(model(xb), yb) / len(micro_batches)
+        scaler.scale(loss).backward()
+    scale = scaler.get_scale()
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm * scale)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return scaler.get_scale() >= scale
+""",
+    ),
     "checkpoint_rng_first": (
         "checkpoint_state",
         """
