@@ -26,6 +26,7 @@ oversubscribe the cores and make plain nbgrader look far slower than parallelism
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -160,6 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--submissions", type=int, default=20)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="grade in DIR (a new folder) and keep it: the autograded notebooks show what a slow "
+        "cell was doing when its limit stopped it (its traceback)",
+    )
+    parser.add_argument(
         "--unsandboxed",
         action="store_true",
         help="run the grader without bubblewrap (if it is missing)",
@@ -182,7 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     from grader.sandbox import require_isolation
 
     mode = require_isolation(args.unsandboxed)
-    with tempfile.TemporaryDirectory(prefix="grader-bench-") as tmp:
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=False)
+        folder = contextlib.nullcontext(str(args.keep.resolve()))
+    else:
+        folder = tempfile.TemporaryDirectory(prefix="grader-bench-")
+    with folder as tmp:
         tmp = Path(tmp)
         subs = make_class(args.lesson, args.submissions, tmp / "class")
         print(
