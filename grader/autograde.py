@@ -251,13 +251,13 @@ def grade_one(
     notebook: Path,
     settings: Settings,
     work: Path,
+    server: NbgraderServer,
     calibration: dict | None = None,
-    server: NbgraderServer | None = None,
 ) -> dict:
     """Grade one submission in a scratch course; returns the result record (not merged).
 
     ``calibration`` (from :func:`grader.calibrate.load`) gives each cell its own time limit.
-    ``server`` runs nbgrader warm (:mod:`grader.forkserver`); without one it starts afresh.
+    ``server`` is the worker's warm nbgrader (:mod:`grader.forkserver`) that runs the autograde.
     """
     start = time.monotonic()
     result: dict = {
@@ -296,22 +296,7 @@ def grade_one(
         timeout = settings.limits.notebook_timeout + 600
         launched = time.monotonic()
         phases["before nbgrader"] = launched - start
-        if server is not None:
-            proc = server.run(argv, scratch, env, timeout)
-        else:
-            import subprocess
-            import sys
-
-            # setpriv --pdeathsig: nbgrader (and with it the sandbox) dies if this grader dies.
-            prefix = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
-            proc = subprocess.run(
-                [*prefix, sys.executable, "-m", "nbgrader", *argv],
-                cwd=scratch,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-            )
+        proc = server.run(argv, scratch, env, timeout)
         phases["nbgrader"] = time.monotonic() - launched
         autograded = scratch / "autograded" / student / template.lesson / f"{template.lesson}.ipynb"
         if proc.returncode != 0 or not autograded.is_file():
@@ -523,13 +508,7 @@ def autograde(
     slots = list(range(workers))
     servers = {slot: NbgraderServer() for slot in slots}  # one warm nbgrader per worker
     for server in servers.values():
-        server.start()  # its imports overlap with making the template
-    try:
-        template = Template(root, lesson, work)
-    except BaseException:
-        for server in servers.values():
-            server.close()
-        raise
+        server.start()
 
     def job(student: str, nb: Path) -> dict:
         with lock:
@@ -542,7 +521,7 @@ def autograde(
                 lesson_files=str(template.lesson_files),
                 kernel_env=kernel_env(course_key, student),
             )
-            return grade_one(template, student, nb, settings, work, calibration, servers[slot])
+            return grade_one(template, student, nb, settings, work, servers[slot], calibration)
         finally:
             with lock:
                 slots.append(slot)
@@ -554,30 +533,30 @@ def autograde(
         bar = tqdm(total=len(todo), desc=f"grading {lesson}", unit="nb", dynamic_ncols=True)
     pool = ThreadPoolExecutor(max_workers=workers)
     try:
-        if True:
-            futures = {pool.submit(job, s, p): s for s, p in todo.items()}
-            for future in as_completed(futures):
-                student = futures[future]
-                try:
-                    result = future.result()
-                except Exception as exc:  # noqa: BLE001 - one failure never stops the batch
-                    result = {
-                        "student": student,
-                        "status": "failed",
-                        "key": None,
-                        "reason": f"grader error: {type(exc).__name__}: {exc}"[:400],
-                        "grades": [],
-                        "comments": [],
-                    }
-                path = work / "results" / f"{student}.json"
-                _atomic_json(path, result)
-                merge(root, lesson, db_url, result, work)
-                result["merged"] = True
-                _atomic_json(path, result)
-                outcomes.append(_outcome(result))
-                if bar:
-                    bar.update(1)
-                    bar.set_postfix_str(f"last: {student} {result['status']}")
+        template = Template(root, lesson, work)  # the servers' imports run meanwhile
+        futures = {pool.submit(job, s, p): s for s, p in todo.items()}
+        for future in as_completed(futures):
+            student = futures[future]
+            try:
+                result = future.result()
+            except Exception as exc:  # noqa: BLE001 - one failure never stops the batch
+                result = {
+                    "student": student,
+                    "status": "failed",
+                    "key": None,
+                    "reason": f"grader error: {type(exc).__name__}: {exc}"[:400],
+                    "grades": [],
+                    "comments": [],
+                }
+            path = work / "results" / f"{student}.json"
+            _atomic_json(path, result)
+            merge(root, lesson, db_url, result, work)
+            result["merged"] = True
+            _atomic_json(path, result)
+            outcomes.append(_outcome(result))
+            if bar:
+                bar.update(1)
+                bar.set_postfix_str(f"last: {student} {result['status']}")
     finally:
         # On Ctrl-C: start nothing new; running jobs die with their nbgrader child and their
         # results are not recorded, so a re-run grades them again.

@@ -105,7 +105,7 @@ PHASES = [
 ]
 
 
-def worker_phases(path: Path, per_submission: float) -> list[tuple[str, float]]:
+def worker_phases(path: Path) -> list[tuple[str, float]]:
     """Mean seconds per submission of each phase in ``path`` (JSON lines, one process each)."""
     by_pid: dict[int, dict] = {}
     for line in path.read_text().splitlines():
@@ -120,8 +120,6 @@ def worker_phases(path: Path, per_submission: float) -> list[tuple[str, float]]:
     for name, start, end in PHASES:
         values = [(r[end] - r[start]) if start else r.get(end, 0.0) for r in runs]
         rows.append((name, sum(values) / len(values)))
-    lifetime = sum(r["exit"] - r["process_start"] for r in runs) / len(runs)
-    rows.insert(0, ("worker: scan, scratch course, results", per_submission - lifetime))
     return rows
 
 
@@ -232,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         grader_s = time.perf_counter() - start
         del os.environ["GRADER_TIMING"]
         per_worker = sum(o.seconds for o in outcomes) / max(1, len(outcomes))
-        phases = worker_phases(timing, per_worker) if timing.is_file() else []
+        phases = worker_phases(timing) if timing.is_file() else []
         slowest = slow_cells(timing) if timing.is_file() else []
         worker_split = worker_split_of(course / ".grader" / args.lesson / "results")
         print(f"this grader ({args.workers} workers): {grader_s:.1f} s", flush=True)
