@@ -755,13 +755,11 @@ def init_torchrun(backend: str = "auto") -> torch.device:
     """
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    use_cuda = backend != "gloo" and gpus >= local_ranks
-    if backend == "nccl" and not use_cuda:
-        raise SystemExit(
-            f"--backend nccl needs a GPU per rank: {local_ranks} ranks on this machine, {gpus} GPUs"
-        )
-    if use_cuda:
+    try:  # the same choice as the course's launcher makes, over this machine's ranks
+        chosen = pick_backend(local_ranks, None if backend == "auto" else backend)
+    except RuntimeError as exc:
+        raise SystemExit(f"--backend nccl needs a GPU per rank: {exc}") from None
+    if chosen.name == "nccl":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
