@@ -117,12 +117,7 @@ def train(spec: RunSpec, device: torch.device) -> dict:
     start, position = 0, 0
     ckpt = Path(spec.checkpoint) if spec.checkpoint else None
     if spec.resume and ckpt is not None and ckpt.exists():
-        state = torch.load(ckpt, map_location=device, weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scaler.load_state_dict(state["scaler"])
-        _set_rng_state(state["rng"][rank], device)
-        start, position = state["step"], state["data_position"]
+        start, position = resume_checkpoint(ckpt, model, optimizer, scaler, rank, device)
     losses: list[float] = []
     begin = time.perf_counter()
     for step in range(start, spec.steps):
@@ -173,6 +168,29 @@ def train(spec: RunSpec, device: torch.device) -> dict:
         "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
         "scale": scaler.get_scale() if scaler.is_enabled() else None,
     }
+
+
+def resume_checkpoint(
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    rank: int,
+    device: torch.device,
+) -> tuple[int, int]:
+    """Restore what :func:`save_checkpoint` wrote; returns (step, data position) (lesson 09).
+
+    The file is loaded onto the CPU, never onto ``device``: every generator state, CUDA's
+    included, must be a CPU ByteTensor (``torch.set_rng_state`` and ``torch.cuda.set_rng_state``
+    refuse one on a GPU). ``load_state_dict`` then copies weights and optimizer state to the
+    device the model lives on.
+    """
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    _set_rng_state(state["rng"][rank], device)
+    return state["step"], state["data_position"]
 
 
 def save_checkpoint(

@@ -153,3 +153,51 @@ def test_script_runs_under_torchrun_with_two_gloo_ranks(tmp_path):
     result = json.loads(out.read_text())
     assert result["world_size"] == 2 and len(result["losses"]) == 2
     assert 4.0 < result["val_loss"] < 6.5
+
+
+def test_resume_keeps_rng_states_on_the_cpu(tmp_path, monkeypatch):
+    """A resume onto an accelerator: the meta device stands in for CUDA. Loading the checkpoint
+    onto the model's device would hand ``torch.set_rng_state`` a non-CPU tensor, which it (and
+    ``torch.cuda.set_rng_state``) refuses; the generator states must reach it as CPU
+    ByteTensors while the weights go to the model's device."""
+    model = G.GPT(NANO)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    ckpt = tmp_path / "run.pt"
+    T.save_checkpoint(ckpt, model, optimizer, scaler, 3, 7, torch.device("cpu"), False)
+
+    real_load, real_set = torch.load, torch.set_rng_state
+
+    def load_like_a_device(f, map_location=None, **kwargs):
+        state = real_load(f, map_location="cpu", **kwargs)
+        if str(map_location) == "cpu":
+            return state
+        return _to_meta(state)
+
+    seen = []
+
+    def spy_set_rng_state(new_state):
+        seen.append((new_state.device.type, new_state.dtype))
+        return real_set(new_state)
+
+    monkeypatch.setattr(torch, "load", load_like_a_device)
+    monkeypatch.setattr(torch, "set_rng_state", spy_set_rng_state)
+    with torch.device("meta"):  # built there: .to("meta") would untie the head
+        on_device = G.GPT(NANO)
+    opt_device = torch.optim.AdamW(on_device.parameters(), lr=1e-3)
+    step, position = T.resume_checkpoint(
+        ckpt, on_device, opt_device, torch.amp.GradScaler("cpu"), 0, torch.device("meta")
+    )
+    assert (step, position) == (3, 7)
+    assert seen == [("cpu", torch.uint8)]
+    assert next(on_device.parameters()).device.type == "meta"
+
+
+def _to_meta(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.to("meta")
+    if isinstance(obj, dict):
+        return {k: _to_meta(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_to_meta(v) for v in obj)
+    return obj
