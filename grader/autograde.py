@@ -42,6 +42,7 @@ from pathlib import Path
 import nbformat
 
 from grader import REPO_ROOT
+from grader.cells import describe_timeout, lesson_key
 from grader.forkserver import NbgraderServer
 from grader.keys import ensure_key, kernel_env
 from grader.nbtools import nbgrader, tool_env
@@ -50,8 +51,6 @@ from grader.sandbox import Limits, Settings
 
 #: Student ids that are safe as folder names (no path characters, no leading dot).
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,99}$")
-#: Bump when the grading procedure changes: results keyed with an older version are redone.
-PROCEDURE = "grader-1"
 
 SCRATCH_CONFIG = """
 from nbconvert.preprocessors import ClearMetadataPreprocessor
@@ -102,12 +101,6 @@ def _atomic_json(path: Path, data: dict) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-
-
-def lesson_key(root: Path, lesson: str) -> str:
-    """A hash of the grading procedure and the lesson's source: results are valid while it holds."""
-    source = (root / "solutions" / lesson / f"{lesson}.ipynb").read_bytes()
-    return hashlib.sha256(PROCEDURE.encode() + source).hexdigest()[:16]
 
 
 class Template:
@@ -316,8 +309,6 @@ def grade_one(
                 result["cells"] = info.get("cells", {})
                 result["timeouts"] = info.get("timeouts", [])
                 if result["timeouts"]:
-                    from grader.calibrate import describe_timeout
-
                     result["reason"] = "; ".join(map(describe_timeout, result["timeouts"]))
             keep = work / "autograded" / student
             if keep.exists():

@@ -21,13 +21,40 @@ therefore costs at most a few calibrated cell limits, not 300 s per cell.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 import platform
 from datetime import UTC, datetime
 from pathlib import Path
+
+import nbformat
+
+from grader.cells import (
+    cell_key,
+    cell_label,
+    cell_limits,
+    describe_timeout,
+    fmt_seconds,
+    graded_test_cells,
+    lesson_key,
+    timeouts_from_answer,
+)
+from grader.sandbox import Limits, Settings, execute
+
+__all__ = [
+    "calibrate",
+    "calibration_path",
+    "cell_key",
+    "cell_limits",
+    "describe_timeout",
+    "fmt_seconds",
+    "limits_from",
+    "load",
+    "measure",
+    "report",
+    "timeouts_from_answer",
+]
 
 #: Format of the calibration file; a file of another version is ignored (with a warning).
 VERSION = 1
@@ -36,30 +63,6 @@ VERSION = 1
 def calibration_path(root: Path, lesson: str) -> Path:
     """Where the calibration of ``lesson`` lives (``.grader/<lesson>/calibration.json``)."""
     return root / ".grader" / lesson / "calibration.json"
-
-
-def cell_key(cell: dict) -> str:
-    """A cell's key in the calibration: its nbgrader ``grade_id``, else a hash of its source."""
-    meta = cell.get("metadata", {}).get("nbgrader")
-    if isinstance(meta, dict) and meta.get("grade_id"):
-        return str(meta["grade_id"])
-    source = cell.get("source", "")
-    if isinstance(source, list):
-        source = "".join(source)
-    return "src:" + hashlib.sha256(source.strip().encode()).hexdigest()[:16]
-
-
-def _label(cell: dict, index: int) -> str:
-    key = cell_key(cell)
-    return f"cell {index}" if key.startswith("src:") else key
-
-
-def _fmt(seconds: float) -> str:
-    if seconds >= 10:
-        return f"{seconds:.0f}"
-    if seconds >= 0.1:
-        return f"{seconds:.1f}"
-    return f"{seconds:.3f}"
 
 
 def limits_from(
@@ -86,50 +89,6 @@ def limits_from(
     }
 
 
-def cell_limits(nb: dict, calibration: dict) -> dict[int, float]:
-    """``{cell index: seconds}`` for every code cell of ``nb`` (see the module docstring)."""
-    cells = calibration["cells"]
-    other = float(calibration["other_limit_s"])
-    out: dict[int, float] = {}
-    for index, cell in enumerate(nb.get("cells", [])):
-        if cell.get("cell_type") != "code":
-            continue
-        entry = cells.get(cell_key(cell))
-        out[index] = float(entry["limit_s"]) if entry else other
-    return out
-
-
-def timeouts_from_answer(nb: dict, answer: dict, calibration: dict | None) -> list[dict]:
-    """The cells of the runner's ``answer`` that ran out of time: label, limit, solution time."""
-    cells = (calibration or {}).get("cells", {})
-    found = []
-    for got in answer.get("cells", []):
-        if not isinstance(got, dict) or got.get("status") in ("ok", "not-run", "guard-failed"):
-            continue
-        # nbclient reports a cell it interrupted at its limit as an error: the time tells.
-        limit = float(got.get("limit") or 0.0)
-        if got.get("status") != "timeout" and not float(got.get("seconds") or 0.0) >= limit > 0:
-            continue
-        index = int(got["index"])
-        cell = nb["cells"][index] if index < len(nb.get("cells", [])) else {}
-        entry = cells.get(cell_key(cell))
-        found.append(
-            {
-                "cell": _label(cell, index),
-                "limit": limit,
-                "solution": float(entry["solution_s"]) if entry else None,
-            }
-        )
-    return found
-
-
-def describe_timeout(t: dict) -> str:
-    """``fp16_fate: timed out after 20 s (solution: 0.41 s)``, as the report and CSV say it."""
-    sol = t.get("solution")
-    solution = "not a cell of the solution" if sol is None else f"solution: {_fmt(float(sol))} s"
-    return f"{t['cell']}: timed out after {_fmt(float(t['limit']))} s ({solution})"
-
-
 def measure(
     root: Path,
     lesson: str,
@@ -145,11 +104,6 @@ def measure(
     Raises ``RuntimeError`` if a cell of the solution does not run cleanly (its time would mean
     nothing).
     """
-    import nbformat
-
-    from grader.execute import graded_test_cells
-    from grader.sandbox import Limits, Settings, execute
-
     path = root / "solutions" / lesson / f"{lesson}.ipynb"
     nb = nbformat.read(path, as_version=4)
     workers = max(1, workers or os.cpu_count() or 1)
@@ -168,7 +122,7 @@ def measure(
             c = got.get(index)
             if c is None or c.get("status") != "ok":
                 status = c.get("status") if c else "not executed"
-                bad.append(f"{_label(cell, index)}: {status}")
+                bad.append(f"{cell_label(cell, index)}: {status}")
                 continue
             slowest[index] = max(slowest.get(index, 0.0), float(c["seconds"]))
         if bad:
@@ -179,7 +133,7 @@ def measure(
                 + (f" ({events})" if events else "")
             )
     measured = [
-        {"key": cell_key(nb.cells[i]), "label": _label(nb.cells[i], i), "seconds": s}
+        {"key": cell_key(nb.cells[i]), "label": cell_label(nb.cells[i], i), "seconds": s}
         for i, s in sorted(slowest.items())
     ]
     return measured, threads
@@ -195,8 +149,6 @@ def calibrate(
     mode: str = "bwrap",
 ) -> dict:
     """Measure the solution of ``lesson`` and write its calibration file; returns its content."""
-    from grader.autograde import lesson_key
-
     start = datetime.now(UTC)
     measured, threads = measure(root, lesson, workers=workers, mode=mode, runs=runs)
     data = {
@@ -223,8 +175,6 @@ def calibrate(
 
 def load(root: Path, lesson: str) -> tuple[dict | None, str | None]:
     """The usable calibration of ``lesson`` (or ``None``) and a warning when one was not usable."""
-    from grader.autograde import lesson_key
-
     path = calibration_path(root, lesson)
     if not path.is_file():
         return None, None

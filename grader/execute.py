@@ -20,17 +20,10 @@ import time
 from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
 
+from grader.cells import cell_limits, graded_test_cells, timeouts_from_answer
 from grader.sandbox import Settings, execute
 
-
-def graded_test_cells(nb: NotebookNode) -> list[int]:
-    """Indices of the autograded code cells (nbgrader ``grade`` without ``solution``)."""
-    found = []
-    for index, cell in enumerate(nb.cells):
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):
-            found.append(index)
-    return found
+__all__ = ["SandboxedExecute", "apply_answer", "graded_test_cells", "record_timing"]
 
 
 def apply_answer(nb: NotebookNode, answer: dict) -> dict[int, str]:
@@ -88,8 +81,6 @@ class SandboxedExecute(Execute):
         settings = Settings.from_env(os.environ["GRADER_SANDBOX"])
         plain = json.loads(json.dumps(nb))
         # Calibrated per-cell limits (grader/calibrate.py), when autograde passes them.
-        from grader.calibrate import cell_limits, timeouts_from_answer
-
         calibration = json.loads(os.environ.get("GRADER_CELL_LIMITS") or "null")
         per_cell = cell_limits(nb, calibration) if calibration else None
         answer = execute(plain, graded_test_cells(nb), settings, cell_timeouts=per_cell)

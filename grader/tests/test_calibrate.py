@@ -206,3 +206,44 @@ def test_calibrate_refuses_a_solution_that_fails(tmp_path, capsys):
     assert main(["calibrate", LESSON, "--root", str(root)]) == 2
     assert "double_tests: error" in capsys.readouterr().err
     assert not calibration_path(root, LESSON).exists()
+
+
+def _grader_imports(module: str) -> tuple[set[str], set[str]]:
+    """The grader modules ``module`` imports: at module top, and inside functions."""
+    import ast
+
+    tree = ast.parse((REPO_ROOT / "grader" / f"{module}.py").read_text(encoding="utf-8"))
+    top = {n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))}
+    found: tuple[set[str], set[str]] = (set(), set())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("grader."):
+            name = node.module.split(".")[1]
+        elif isinstance(node, ast.Import):
+            names = [a.name.split(".")[1] for a in node.names if a.name.startswith("grader.")]
+            if not names:
+                continue
+            name = names[0]
+        else:
+            continue
+        found[0 if node in top else 1].add(name)
+    return found
+
+
+def test_calibrate_autograde_and_execute_import_each_other_without_a_circle():
+    modules = ("autograde", "calibrate", "execute")
+    graph = {}
+    for module in modules:
+        top, inner = _grader_imports(module)
+        assert not inner & set(modules), f"{module} imports {inner & set(modules)} in a function"
+        graph[module] = (top | inner) & set(modules)
+
+    def reaches(start: str, goal: str, seen: frozenset = frozenset()) -> bool:
+        return any(
+            n == goal or (n not in seen and reaches(n, goal, seen | {n})) for n in graph[start]
+        )
+
+    assert not [m for m in modules if reaches(m, m)], graph
+    from grader import autograde, calibrate, execute  # each imports at module top
+
+    assert calibrate.lesson_key is autograde.lesson_key
+    assert calibrate.cell_limits is not None and execute.graded_test_cells is not None
