@@ -71,12 +71,19 @@ class Outcome:
     """One submission's result (what the report and the CSV show)."""
 
     student: str
-    status: str  # graded | rejected | failed | skipped
+    status: str  # graded | rejected | failed
     reason: str = ""
     scores: dict[str, float] = field(default_factory=dict)
     max_scores: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     flags: list[str] = field(default_factory=list)
+    #: not graded in this run: an earlier result for the same submission and lesson holds
+    skipped: bool = False
+    #: the gradebook's total and maximum after the run (manual grades included)
+    total: float | None = None
+    max_total: float | None = None
+    #: points of written answers that still wait for a manual grade
+    ungraded: float = 0.0
 
 
 def valid_student_id(student: str) -> bool:
@@ -347,25 +354,126 @@ def ensure_assignment(root: Path, lesson: str, db_url: str) -> None:
         )
 
 
-def merge(root: Path, lesson: str, db_url: str, result: dict, work: Path) -> None:
-    """Write one result into the real gradebook and ``autograded/`` (the parent only)."""
-    from datetime import datetime
+def _answer_checksums(notebook: Path) -> dict[str, str] | None:
+    """nbgrader's checksum of every graded cell of an autograded notebook (``None``: no file)."""
+    from nbgrader.utils import compute_checksum, is_grade
 
-    from nbgrader.api import Gradebook
+    if not notebook.is_file():
+        return None
+    try:
+        nb = nbformat.read(notebook, as_version=4)
+    except Exception:  # noqa: BLE001 - an unreadable earlier copy compares as unknown
+        return None
+    return {
+        c.metadata["nbgrader"]["grade_id"]: compute_checksum(c)
+        for c in nb.cells
+        if is_grade(c) and c.metadata["nbgrader"].get("grade_id")
+    }
+
+
+def regrade_log_path(root: Path, lesson: str) -> Path:
+    """The regrade log of ``lesson``: ``.grader/<lesson>/regrades.jsonl``, a line per regrade."""
+    return root / ".grader" / lesson / "regrades.jsonl"
+
+
+def _append_jsonl(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record, sort_keys=True) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _keep_manual(grade, new: dict, before: str | None, after: str | None) -> dict:
+    """Decide what becomes of ``grade``'s manual score when ``new`` (a result's grade) replaces
+    its autograde; updates ``grade`` and returns the regrade log's entry.
+
+    A written answer (a cell nbgrader grades by hand) keeps its manual score while nbgrader's
+    checksum of the cell is the one graded by hand (``before``), and is then not flagged for
+    manual grading again; a changed answer loses it and is flagged. A manual score given to an
+    autograded cell is kept and flagged for review (the autograde under it may have changed).
+    """
+    entry = {
+        "notebook": new["notebook"],
+        "grade_id": new["grade_id"],
+        "manual_score": grade.manual_score,
+        "extra_credit": grade.extra_credit,
+    }
+    if new["auto_score"] is not None:
+        grade.needs_manual_grade = True
+        return entry | {
+            "action": "kept",
+            "why": "a manual score of an autograded cell: flagged for review (its autograde "
+            f"is now {new['auto_score']:g})",
+        }
+    if before is not None and before == after:
+        grade.needs_manual_grade = False
+        return entry | {"action": "kept", "why": "the written answer is unchanged"}
+    if before is None:
+        grade.needs_manual_grade = True
+        return entry | {
+            "action": "kept",
+            "why": "the answer graded by hand is not in autograded/ to compare with: flagged "
+            "for manual grading",
+        }
+    grade.manual_score = None
+    grade.extra_credit = None
+    grade.needs_manual_grade = True
+    return entry | {
+        "action": "cleared",
+        "why": "the written answer changed since it was graded by hand: grade it again",
+    }
+
+
+def merge(root: Path, lesson: str, db_url: str, result: dict, work: Path) -> None:
+    """Write one result into the real gradebook and ``autograded/`` (the parent only).
+
+    Manual grades (formgrader) survive a regrade unless the written answer changed (see
+    :func:`_keep_manual`); every regrade of a submission already in the gradebook appends a line
+    to :func:`regrade_log_path` with the scores before and after and what became of each manual
+    grade.
+    """
+    from datetime import UTC, datetime
+
+    from nbgrader.api import Gradebook, MissingEntry
 
     student = result["student"]
+    src = work / "autograded" / student
+    dest = root / "autograded" / student / lesson
+    graded_by_hand = _answer_checksums(dest / f"{lesson}.ipynb")
+    now_graded = _answer_checksums(src / f"{lesson}.ipynb") or {}
+    record = None
     with warnings.catch_warnings(), Gradebook(db_url) as gb:
         # nbgrader's own update_or_create_submission trips SQLAlchemy's autoflush warnings.
         warnings.simplefilter("ignore")
         gb.update_or_create_student(student)
+        try:
+            previous = gb.find_submission(lesson, student)
+            record = {
+                "time": datetime.now(UTC).isoformat(timespec="seconds"),
+                "student": student,
+                "lesson": lesson,
+                "status": result["status"],
+                "key": result.get("key"),
+                "score_before": float(previous.score),
+                "max_score": float(previous.max_score),
+                "manual_grades": [],
+            }
+        except MissingEntry:
+            pass
         ts = result.get("timestamp")
         kwargs = {"timestamp": datetime.fromisoformat(ts)} if ts else {}
         sub = gb.update_or_create_submission(lesson, student, **kwargs)
+        manual = record["manual_grades"] if record else []
         if result["status"] == "graded":
             for g in result["grades"]:
                 grade = gb.find_grade(g["grade_id"], g["notebook"], lesson, student)
                 grade.auto_score = g["auto_score"]
-                grade.needs_manual_grade = g["needs_manual_grade"]
+                if grade.manual_score is None:
+                    grade.needs_manual_grade = g["needs_manual_grade"]
+                    continue
+                old = (graded_by_hand or {}).get(g["grade_id"]) if graded_by_hand else None
+                manual.append(_keep_manual(grade, g, old, now_graded.get(g["grade_id"])))
             for c in result.get("comments", []):
                 comment = gb.find_comment(c["grade_id"], c["notebook"], lesson, student)
                 comment.auto_comment = c["auto_comment"]
@@ -374,14 +482,34 @@ def merge(root: Path, lesson: str, db_url: str, result: dict, work: Path) -> Non
                 for grade in nb.grades:
                     grade.auto_score = 0
                     grade.needs_manual_grade = False
+                    if grade.manual_score is None:
+                        continue
+                    entry = {
+                        "notebook": nb.name,
+                        "grade_id": grade.name,
+                        "manual_score": grade.manual_score,
+                        "extra_credit": grade.extra_credit,
+                    }
+                    if result["status"] == "rejected":
+                        grade.manual_score = grade.extra_credit = None
+                        why = "the submission cannot be graded: " + result.get("reason", "")
+                        manual.append(entry | {"action": "cleared", "why": why[:300]})
+                    else:
+                        why = "the grader failed (a re-run grades it again)"
+                        manual.append(entry | {"action": "kept", "why": why})
         gb.db.commit()
-    src = work / "autograded" / student
-    dest = root / "autograded" / student / lesson
+        if record is not None:
+            sub = gb.find_submission(lesson, student)
+            record["score_after"] = float(sub.score)
+            record["max_score"] = float(sub.max_score)
+            record["needs_manual_grade"] = bool(sub.needs_manual_grade)
     if dest.exists():
         shutil.rmtree(dest)
     if src.is_dir() and result["status"] == "graded":
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(src, dest)
+    if record is not None:
+        _append_jsonl(regrade_log_path(root, lesson), record)
 
 
 def find_submissions(root: Path, lesson: str) -> tuple[dict[str, Path], list[Outcome]]:
@@ -421,7 +549,7 @@ def find_submissions(root: Path, lesson: str) -> tuple[dict[str, Path], list[Out
     return found, bad
 
 
-def _outcome(result: dict) -> Outcome:
+def _outcome(result: dict, skipped: bool = False) -> Outcome:
     scores = {g["grade_id"]: float(g["auto_score"] or 0) for g in result.get("grades", [])}
     maxes = {g["grade_id"]: float(g["max_score"]) for g in result.get("grades", [])}
     reason = result.get("reason", "")
@@ -436,7 +564,29 @@ def _outcome(result: dict) -> Outcome:
         maxes,
         float(result.get("seconds", 0.0)),
         list(result.get("flags", [])),
+        skipped,
     )
+
+
+def gradebook_totals(lesson: str, db_url: str, outcomes: list[Outcome]) -> list[Outcome]:
+    """Fill each outcome's total, maximum and ungraded points from the gradebook (what formgrader,
+    feedback and export see, manual grades included); returns ``outcomes`` sorted by student."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    with Gradebook(db_url) as gb:
+        for o in outcomes:
+            try:
+                sub = gb.find_submission(lesson, o.student)
+            except MissingEntry:
+                continue
+            o.total, o.max_total = float(sub.score), float(sub.max_score)
+            o.ungraded = sum(
+                float(g.max_score)
+                for nb in sub.notebooks
+                for g in nb.grades
+                if g.needs_manual_grade and g.manual_score is None and g.auto_score is None
+            )
+    return sorted(outcomes, key=lambda o: o.student)
 
 
 def autograde(
@@ -489,12 +639,12 @@ def autograde(
                     merge(root, lesson, db_url, old, work)
                     old["merged"] = True
                     _atomic_json(path, old)
-                outcomes.append(_outcome(old))
+                outcomes.append(_outcome(old, skipped=True))
                 continue
         todo[student] = nb
 
     if not todo:
-        return sorted(outcomes, key=lambda o: o.student)
+        return gradebook_totals(lesson, db_url, outcomes)
     lock = threading.Lock()
     slots = list(range(workers))
     servers = {slot: NbgraderServer() for slot in slots}  # one warm nbgrader per worker
@@ -556,4 +706,4 @@ def autograde(
             server.close()
         if bar:
             bar.close()
-    return sorted(outcomes, key=lambda o: o.student)
+    return gradebook_totals(lesson, db_url, outcomes)

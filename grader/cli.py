@@ -152,18 +152,28 @@ def _cmd_autograde(args: argparse.Namespace) -> int:
         return 130
     width = max([len(o.student) for o in outcomes] + [7])
     for o in outcomes:
-        got = sum(o.scores.values())
-        top = sum(o.max_scores.values())
         line = f"{o.student:<{width}}  {o.status:<8}"
-        if o.max_scores:
-            line += f" {got:g}/{top:g}"
+        if o.total is not None:  # the gradebook's total: manual grades included
+            line += f" {o.total:g}/{o.max_total:g}"
+        elif o.max_scores:
+            line += f" {sum(o.scores.values()):g}/{sum(o.max_scores.values()):g}"
+        if o.skipped:
+            line += "  (skipped: graded before; the gradebook's total)"
+        if o.ungraded:
+            line += f"  ({o.ungraded:g} point(s) of written answers not graded yet)"
         if o.reason:
             line += f"  {o.reason}"
         if o.flags:
             line += f"  [flags: {', '.join(o.flags)}]"
         print(line)
     counts = {s: sum(o.status == s for o in outcomes) for s in ("graded", "rejected", "failed")}
-    print(", ".join(f"{v} {k}" for k, v in counts.items()))
+    summary = ", ".join(f"{v} {k}" for k, v in counts.items())
+    skipped = sum(o.skipped for o in outcomes)
+    if skipped:
+        summary += f"; {skipped} skipped (already graded, unchanged: --force grades again)" + (
+            " - nothing was graded in this run" if skipped == len(outcomes) else ""
+        )
+    print(summary)
     return 1 if counts["failed"] else 0
 
 
