@@ -42,7 +42,17 @@ from torch.utils import benchmark as tbench
 from torch.utils.flop_counter import FlopCounterMode
 
 from course.data import mlp
-from course.device import cpu_has_amx, describe_device
+from course.device import (  # the datasheet tables live with the device profiles
+    DATASHEET_TFLOPS,  # noqa: F401 - re-exported
+    NO_DATASHEET,
+    REPORTED_NAMES,  # noqa: F401 - re-exported
+    DeviceProfile,
+    compile_offered,
+    cpu_has_amx,
+    describe_device,
+    pick_device,
+    tf32_offered,
+)
 from course.gpt import CONFIGS, GPT, GPTConfig, build_gpt, lm_loss, random_batches, stdlib_corpus
 
 #: The precision modes, in the order tables show them.
@@ -160,23 +170,28 @@ def parse_mode(name: str) -> Mode:
     )
 
 
-def unsupported_reason(mode: str | Mode, device: torch.device | str, model: str = "mlp") -> str:
+def unsupported_reason(
+    mode: str | Mode, device: torch.device | str | DeviceProfile, model: str = "mlp"
+) -> str:
     """Why ``mode`` cannot be measured on ``device`` for ``model``; ``""`` if it can (lesson 09)."""
     m = parse_mode(mode) if isinstance(mode, str) else mode
-    device = torch.device(device)
+    profile = device if isinstance(device, DeviceProfile) else DeviceProfile.of(device)
     if m.channels_last and model != "cnn":
         return "channels-last only changes 4-D (image) tensors: use the cnn model"
-    if m.tf32:
-        if device.type != "cuda":
-            return f"not measured on {device.type.upper()}: {TF32_NOTE}"
-        if torch.cuda.get_device_capability(device)[0] < 8:
-            return f"this GPU has no TF32 tensor cores: {TF32_NOTE}"
-    if (
-        m.amp_dtype == torch.bfloat16
-        and device.type == "cuda"
-        and not torch.cuda.is_bf16_supported()
-    ):
-        return "this GPU does not support bfloat16"
+    if m.tf32 and not tf32_offered(profile):
+        if profile.kind != "cuda":
+            return f"not measured on {profile.kind.upper()}: {TF32_NOTE}"
+        return f"this GPU has no TF32 tensor cores: {TF32_NOTE}"
+    if m.amp_dtype == torch.bfloat16 and profile.kind in ("cuda", "rocm"):
+        if not profile.native_bf16:
+            return (
+                "this GPU has no bfloat16 tensor cores (NVIDIA's start at compute capability "
+                "8.0): bfloat16 would only be emulated"
+            )
+    if m.compiled and profile.kind in ("cuda", "rocm", "mps", "xpu"):
+        ok, why = compile_offered(profile)
+        if not ok:
+            return why
     return ""
 
 
@@ -317,15 +332,17 @@ def make_setup(
     return StepSetup(mode, net, opt, scaler, x, y, device.type, forward, lm=model == "gpt")
 
 
-#: Dense (no sparsity) peak TFLOP/s from NVIDIA's datasheets, by the name torch reports. The
-#: first key contained in the device's name wins, so more specific names come first.
-DATASHEET_TFLOPS: dict[str, dict[str, float]] = {
-    "H100 PCIe": {"fp32": 51.0, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0},
-    "H100": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
-    "H200": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
-    "A100": {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
-    "L4": {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0},
-}
+def device_sync(device: torch.device | str) -> Callable[[], None]:
+    """What waits for ``device``'s queued work inside a timed statement (lesson 09):
+    ``torch.mps.synchronize`` on MPS, nothing elsewhere (``torch.utils.benchmark`` synchronizes
+    CUDA itself, and the CPU runs eagerly)."""
+    if torch.device(device).type == "mps":
+        return torch.mps.synchronize
+    return _no_wait
+
+
+def _no_wait() -> None:
+    return None
 
 
 def peak_dtype(mode: Mode) -> str:
@@ -333,20 +350,13 @@ def peak_dtype(mode: Mode) -> str:
     return {"fp32": "fp32", "tf32": "tf32", "fp16-amp": "fp16", "bf16-amp": "bf16"}[mode.base]
 
 
-def datasheet_peak(device: torch.device | str, dtype: str) -> float | None:
+def datasheet_peak(device: torch.device | str | DeviceProfile, dtype: str) -> float | None:
     """The datasheet's dense peak FLOP/s of ``device`` for ``dtype`` (``fp32``, ``tf32``,
-    ``fp16``, ``bf16``), or None for a CPU or a GPU not in :data:`DATASHEET_TFLOPS` (lesson 09).
-    NVL variants are left out on purpose: their clocks, and so their peaks, differ."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    if "NVL" in name:
-        return None
-    for key, table in DATASHEET_TFLOPS.items():
-        if key in name:
-            return table[dtype] * 1e12
-    return None
+    ``fp16``, ``bf16``, ``fp8``), or None (lesson 09): for a CPU, and for any GPU whose whole
+    reported name is not one of :data:`course.device.REPORTED_NAMES` (an L40S is not an L4; NVL
+    boards and MIG slices run at other clocks)."""
+    profile = device if isinstance(device, DeviceProfile) else DeviceProfile.of(device)
+    return profile.peak_flops(dtype)
 
 
 def measure_peak(
@@ -370,7 +380,9 @@ def measure_peak(
         b = torch.randn(n, n, generator=gen).to(device, torch_dtype)
         with math_mode(dtype == "tf32"):
             timer = tbench.Timer(
-                "a @ b", globals={"a": a, "b": b}, num_threads=torch.get_num_threads()
+                "a @ b; sync()",
+                globals={"a": a, "b": b, "sync": device_sync(device)},
+                num_threads=torch.get_num_threads(),
             )
             seconds = timer.blocked_autorange(min_run_time=0.2 if on_gpu else 0.05).median
         best = max(best, 2 * n**3 / seconds)
@@ -523,8 +535,8 @@ def _measure(
         if memory:
             peak = _peak_memory(setup, device, baseline)
         timer = tbench.Timer(
-            stmt="step()",
-            globals={"step": setup.step},
+            stmt="step(); sync()",
+            globals={"step": setup.step, "sync": device_sync(device)},
             num_threads=torch.get_num_threads(),
             label=f"{work.model} {work.size}",
             description=mode.name,
@@ -568,11 +580,7 @@ def run_benchmark(
     """
     if repeats < 1 or batch_size < 1 or not sizes:
         raise ValueError("need repeats >= 1, batch_size >= 1 and at least one size")
-    dev = (
-        torch.device(device)
-        if device is not None
-        else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    )
+    dev = torch.device(device) if device is not None else pick_device()
     names = list(dict.fromkeys(["fp32", *modes]))
     parsed = [parse_mode(n) for n in names]
     if model not in MODELS:
@@ -724,6 +732,7 @@ def format_table(results: Sequence[Result], device_description: str = "") -> str
             + "; ".join(f"{k} {_fmt_rate(d)} / {_fmt_rate(m)}" for k, (d, m) in peaks.items())
             + ". 'compile' is the first step of a +compile mode, compilation included; "
             "step times exclude it."
+            + ("" if any(d for d, _ in peaks.values()) else f" Datasheet: {NO_DATASHEET}.")
         )
     if results and torch.device(results[0].device).type == "cpu":
         amx = "present" if cpu_has_amx() else "absent"
@@ -815,7 +824,7 @@ def run_from_args(argv: Sequence[str] | None = None) -> tuple[list[Result], torc
     args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(args.device) if args.device else pick_device()
     if device.type == "cuda" and not torch.cuda.is_available():
         build_parser().error(f"--device {args.device} asked for CUDA, but torch sees no GPU")
     modes = args.modes or (

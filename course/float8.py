@@ -20,6 +20,7 @@ from IPython.display import display
 from torch import nn
 from torch.nn import functional as F
 
+from course.device import DeviceProfile, float8_gemm
 from course.plotting import new_figure
 
 #: The two float8 formats torch casts to, in the order the lesson shows them.
@@ -237,31 +238,16 @@ def shard_gather_worker(
 # Float8 on the GPU
 
 
-def float8_matmul_support(device: torch.device | str) -> tuple[bool, str]:
+def float8_matmul_support(device: torch.device | str | DeviceProfile) -> tuple[bool, str]:
     """Whether ``device`` has float8 tensor cores (CUDA compute capability 8.9+), and why not.
 
-    Returns ``(supported, reason)``; ``reason`` is printed where the lesson skips a GPU part. A
-    ROCm GPU counts as unsupported: the lesson's float8 timing is written for NVIDIA's.
-    Introduced in lesson 08.
+    Returns ``(supported, reason)``; ``reason`` is printed where the lesson skips a GPU part.
+    Decided by :func:`course.device.float8_gemm` from the device's profile: a ROCm GPU counts
+    as unsupported (the lesson's float8 timing is written for NVIDIA's), though the reason names
+    the formats its matrix cores take (MI300: e4m3fnuz, e5m2fnuz). Introduced in lesson 08.
     """
-    device = torch.device(device)
-    if device.type != "cuda":
-        return False, (
-            f"this lesson runs on {device.type}, not a CUDA GPU: float8 matrix multiplies need "
-            "tensor cores of compute capability 8.9 or newer (Ada, Hopper, Blackwell)"
-        )
-    if torch.version.hip is not None:
-        return False, (
-            f"{torch.cuda.get_device_name(device)} is a ROCm GPU: this lesson's float8 timing is "
-            "written for NVIDIA GPUs of compute capability 8.9 or newer"
-        )
-    major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < (8, 9):
-        return False, (
-            f"{torch.cuda.get_device_name(device)} has compute capability {major}.{minor}; "
-            "float8 matrix multiplies need 8.9 or newer"
-        )
-    return True, f"compute capability {major}.{minor}"
+    profile = device if isinstance(device, DeviceProfile) else DeviceProfile.of(device)
+    return float8_gemm(profile)
 
 
 def matmul_tflops(

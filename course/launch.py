@@ -67,6 +67,8 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from course.device import DeviceProfile, dist_backend, start_method
+
 #: Seconds of CPU-available time a launch may take before every rank is killed (lesson 06).
 DEFAULT_TIMEOUT = 120.0
 #: On a busy machine the timeout stretches, up to this many times its value in wall-clock time.
@@ -130,20 +132,40 @@ class Backend:
         return torch.device("cpu")
 
 
-def pick_backend(world_size: int, prefer: str | None = None) -> Backend:
+def pick_backend(
+    world_size: int, prefer: str | None = None, profile: DeviceProfile | None = None
+) -> Backend:
     """``nccl`` with one GPU per rank when there are enough GPUs, else ``gloo`` on the CPU.
 
-    ``prefer`` ("gloo" or "nccl") forces a choice. Introduced in lesson 06.
+    ``prefer`` ("gloo" or "nccl") forces a choice. Decided by
+    :func:`course.device.dist_backend` from ``profile`` (default: this machine's GPUs; a Mac's
+    ranks are CPU processes, as gloo cannot carry MPS tensors). Introduced in lesson 06.
     """
     if prefer == "gloo":
         return Backend("gloo", "cpu")
-    enough = torch.cuda.is_available() and torch.cuda.device_count() >= world_size
+    if profile is None:
+        profile = _gpu_profile()
+    enough = dist_backend(profile, world_size) == "nccl"
     if prefer == "nccl" and not enough:
         raise RuntimeError(
             f"nccl needs one GPU per rank: {world_size} ranks asked for, "
-            f"{torch.cuda.device_count()} GPUs visible"
+            f"{profile.gpu_count if profile.kind in ('cuda', 'rocm') else 0} GPUs visible"
+            + ("" if profile.nccl else ", and this torch build has no NCCL")
         )
     return Backend("nccl", "cuda") if enough else Backend("gloo", "cpu")
+
+
+def _gpu_profile() -> DeviceProfile:
+    """This machine's CUDA (or ROCm) GPUs as a profile, read cheaply: only what the choice of
+    backend needs (the count, and whether this build has NCCL)."""
+    if not torch.cuda.is_available():
+        return DeviceProfile(kind="cpu", name="CPU", fork=fork_is_safe())
+    return DeviceProfile(
+        kind="rocm" if torch.version.hip is not None else "cuda",
+        name="GPU",
+        gpu_count=torch.cuda.device_count(),
+        nccl=dist.is_available() and dist.is_nccl_available(),
+    )
 
 
 def describe_backend(backend: Backend, world_size: int) -> str:
@@ -279,12 +301,18 @@ def _child(
 
 
 def fork_is_safe() -> bool:
-    """Whether ranks may be forked from this process: only where torch sees no accelerator.
+    """Whether ranks may be forked from this process: only where the OS forks and torch sees
+    no accelerator (:func:`course.device.start_method`).
 
     With a GPU present, the first backward pass starts autograd's per-device threads, after
     which a forked child cannot run backward; CUDA itself cannot be used across fork either.
     """
-    return not torch.accelerator.is_available()
+    profile = DeviceProfile(
+        kind="cuda" if torch.accelerator.is_available() else "cpu",
+        name="this machine",
+        fork="fork" in mp.get_all_start_methods(),
+    )
+    return start_method(profile, "gloo") == "fork"
 
 
 def _by_value(fn: Callable[..., Any], args: tuple) -> bytes:

@@ -586,6 +586,7 @@ def test_init_torchrun_takes_nccl_only_with_a_gpu_for_every_local_rank(monkeypat
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(launch_module.dist, "is_nccl_available", lambda: True)
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert launch_module.init_torchrun() == torch.device("cpu")
