@@ -47,7 +47,7 @@ from grader.forkserver import NbgraderServer
 from grader.keys import ensure_key, kernel_env
 from grader.nbtools import nbgrader, tool_env
 from grader.release import copy_course_skeleton
-from grader.sandbox import Limits, Settings
+from grader.sandbox import Limits, Settings, course_dir
 
 #: Student ids that are safe as folder names (no path characters, no leading dot).
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,99}$")
@@ -580,11 +580,13 @@ def gradebook_totals(lesson: str, db_url: str, outcomes: list[Outcome]) -> list[
             except MissingEntry:
                 continue
             o.total, o.max_total = float(sub.score), float(sub.max_score)
-            o.ungraded = sum(
-                float(g.max_score)
-                for nb in sub.notebooks
-                for g in nb.grades
-                if g.needs_manual_grade and g.manual_score is None and g.auto_score is None
+            o.ungraded = float(
+                sum(
+                    float(g.max_score)
+                    for nb in sub.notebooks
+                    for g in nb.grades
+                    if g.needs_manual_grade and g.manual_score is None and g.auto_score is None
+                )
             )
     return sorted(outcomes, key=lambda o: o.student)
 
@@ -626,6 +628,7 @@ def autograde(
     lkey = lesson_key(root, lesson)
     ensure_assignment(root, lesson, db_url)  # cheap when the gradebook already has it
     course_key = ensure_key(root)  # hidden tests' seeds: see grader/keys.py
+    course_code = str(course_dir(root))  # the course's own package, not another checkout's
 
     todo: dict[str, Path] = {}
     for student, nb in sorted(submissions.items()):
@@ -661,6 +664,7 @@ def autograde(
                 slot=slot,
                 lesson_files=str(template.lesson_files),
                 kernel_env=kernel_env(course_key, student),
+                course_dir=course_code,
             )
             return grade_one(template, student, nb, settings, work, servers[slot], calibration)
         finally:

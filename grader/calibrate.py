@@ -40,7 +40,7 @@ from grader.cells import (
     lesson_key,
     timeouts_from_answer,
 )
-from grader.sandbox import Limits, Settings, execute
+from grader.sandbox import Limits, Settings, course_dir, execute
 
 __all__ = [
     "calibrate",
@@ -110,7 +110,12 @@ def measure(
     threads = max(1, (os.cpu_count() or 1) // workers)
     limits = Limits(cell_timeout=cell_timeout, notebook_timeout=notebook_timeout, threads=threads)
     extra = [p for p in path.parent.iterdir() if p.suffix != ".ipynb" and p.name[0] != "."]
-    settings = Settings(limits=limits, mode=mode, lesson_files=str(path.parent) if extra else None)
+    settings = Settings(
+        limits=limits,
+        mode=mode,
+        lesson_files=str(path.parent) if extra else None,
+        course_dir=str(course_dir(root)),
+    )
     slowest: dict[int, float] = {}
     for _ in range(max(1, runs)):
         answer = execute(json.loads(json.dumps(nb)), graded_test_cells(nb), settings)

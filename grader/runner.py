@@ -203,7 +203,11 @@ async def _run(request: dict, events: list, timing: dict) -> list:
             output_hook=lambda msg: None,
             allow_stdin=False,
         )
-        return reply["content"].get("status", "error")
+        content = reply["content"]
+        status = content.get("status", "error")
+        if status == "error":  # name the exception, e.g. "error: ModuleNotFoundError: ..."
+            status += f": {content.get('ename', '?')}: {str(content.get('evalue', ''))[:300]}"
+        return status
 
     results = []
     dead = False
@@ -215,7 +219,7 @@ async def _run(request: dict, events: list, timing: dict) -> list:
         try:
             status = await hidden(request["prelude"], 120)
         except Exception as exc:  # noqa: BLE001
-            status = f"error ({type(exc).__name__})"
+            status = f"error: {type(exc).__name__}: {str(exc)[:300]}"
         if status != "ok":
             events.append(f"grader prelude failed: {status}")
         timing["prelude"] = time.monotonic() - tick

@@ -3,8 +3,11 @@
 Layout inside the sandbox (everything else on the machine is absent, not just unreadable):
 
 * read-only: ``/usr``, ``/etc`` (and the ``/lib``, ``/bin`` links), the Python installation
-  (``sys.base_prefix``), the virtual environment (``sys.prefix``), the installed ``course``
-  package's folder, and the runner script at ``/opt/grader/runner.py``;
+  (``sys.base_prefix``), the virtual environment (``sys.prefix``, at its real location: a
+  ``.venv`` that is a symbolic link is followed), the course's ``course`` package at
+  ``/opt/course/course`` (first on the kernel's ``PYTHONPATH``: the course being graded, not
+  whichever checkout the environment's editable install points at; see :func:`course_dir`), and
+  the runner script at ``/opt/grader/runner.py``;
 * a private tmpfs of ``tmpfs_mb`` as the working folder ``/home/student`` (the kernel's cwd, which
   holds only the lesson's extra files) and another as ``/tmp``;
 * new network (loopback only), PID, IPC and UTS namespaces; the sandbox dies with its parent.
@@ -71,6 +74,8 @@ class Settings:
     fork: bool = True
     #: ``COURSE_GRADING_KEY``/``COURSE_STUDENT_ID`` for the kernel (:func:`grader.keys.kernel_env`).
     kernel_env: dict[str, str] = field(default_factory=dict)
+    #: the ``course`` package the kernel imports (:func:`course_dir`; ``None``: the installed one)
+    course_dir: str | None = None
 
     def to_env(self) -> str:
         data = asdict(self)
@@ -94,8 +99,27 @@ def _course_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))).resolve()
 
 
-def _checks_path() -> str:
-    return str(_course_dir() / "checks.py")
+def course_dir(root: Path) -> Path:
+    """The ``course`` package to grade ``root``'s lessons with: ``root/course`` when the course
+    folder has one (whatever checkout the environment's ``course`` is installed from), else the
+    installed package (a course folder that holds only lessons and solutions)."""
+    own = root / "course"
+    if (own / "__init__.py").is_file():
+        return own.resolve()
+    return _course_dir()
+
+
+#: Where the sandbox shows the ``course`` package (its parent is the kernel's ``PYTHONPATH``).
+SANDBOX_COURSE = "/opt/course/course"
+
+
+def real_interpreter() -> str:
+    """This interpreter's path with its folders' symbolic links resolved but the executable's
+    own name kept (``.venv/bin/python`` of a ``.venv`` linked elsewhere becomes the linked
+    folder's ``bin/python``, which still starts the virtual environment): the sandbox binds
+    only real locations, so the path it starts must be one."""
+    exe = Path(sys.executable)
+    return str(Path(os.path.realpath(exe.parent)) / exe.name)
 
 
 @functools.cache
@@ -145,11 +169,12 @@ def require_isolation(unsandboxed: bool) -> str:
     )
 
 
-def _env(limits: Limits, home: str) -> dict[str, str]:
+def _env(limits: Limits, home: str, course_path: str) -> dict[str, str]:
     threads = str(max(1, limits.threads))
     return {
         "HOME": home,
-        "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+        "PATH": f"{Path(real_interpreter()).parent}:/usr/local/bin:/usr/bin:/bin",
+        "PYTHONPATH": course_path,
         "LANG": "C.UTF-8",
         "OMP_NUM_THREADS": threads,
         "MKL_NUM_THREADS": threads,
@@ -176,16 +201,22 @@ def _prlimit(limits: Limits) -> list[str]:
     ]
 
 
-def bwrap_command(settings: Settings, python: str = sys.executable) -> list[str]:
+def bwrap_command(settings: Settings, python: str | None = None) -> list[str]:
     """The command line that runs the runner inside bubblewrap."""
+    python = python or real_interpreter()
     limits = settings.limits
     home = "/home/student"
     binds: list[tuple[str, str]] = []
     for src in {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}:
         binds.append((str(src), str(src)))
-    course_dir = _course_dir()
-    if not any(course_dir.is_relative_to(Path(b[0])) for b in binds):
-        binds.append((str(course_dir), str(course_dir)))
+    if not any(Path(python).is_relative_to(Path(b[0])) for b in binds):
+        raise SandboxUnavailable(
+            f"the interpreter {python} is outside the Python installation "
+            f"({sys.base_prefix}) and the virtual environment ({sys.prefix}) that the sandbox "
+            "shows: run the grader with the course's own .venv/bin/python"
+        )
+    course = Path(settings.course_dir) if settings.course_dir else _course_dir()
+    binds.append((str(course.resolve()), SANDBOX_COURSE))
     # Parent folders must be created traversable (bwrap makes them 0700 otherwise).
     parents: set[str] = set()
     for _, dest in binds:
@@ -250,7 +281,7 @@ def bwrap_command(settings: Settings, python: str = sys.executable) -> list[str]
         "--chdir",
         home,
     ]
-    for key, value in _env(limits, home).items():
+    for key, value in _env(limits, home, str(Path(SANDBOX_COURSE).parent)).items():
         cmd += ["--setenv", key, value]
     if os.geteuid() == 0:
         # One uid per slot (rlimits on processes count per uid). GRADER_UID_BASE moves the range
@@ -277,10 +308,12 @@ def execute(
     """
     limits = settings.limits
     token = secrets.token_hex(8)
+    course = Path(settings.course_dir) if settings.course_dir else _course_dir()
+    checks = SANDBOX_COURSE if settings.mode == "bwrap" else str(course.resolve())
     request = {
         "nb": nb,
         "graded": graded,
-        "prelude": guard.prelude(token, _checks_path(), fork=settings.fork),
+        "prelude": guard.prelude(token, f"{checks}/checks.py", fork=settings.fork),
         "test_call": guard.test_call(token),
         "verdict": guard.verdict_expression(token),
         "cell_timeout": limits.cell_timeout,
@@ -302,12 +335,16 @@ def execute(
 
         tmp = tempfile.mkdtemp(prefix="grader-unsandboxed-")
         cwd = tmp
-        env = {**os.environ, **_env(limits, tmp)}
+        # The kernel imports the course's package through a folder holding only a link to it.
+        path = os.path.join(tmp, ".course-path")
+        os.mkdir(path)
+        os.symlink(course.resolve(), os.path.join(path, "course"))
+        env = {**os.environ, **_env(limits, tmp, path)}
         env["MPLCONFIGDIR"] = os.path.join(tmp, ".mpl")
         env["IPYTHONDIR"] = os.path.join(tmp, ".ipython")
         env["JUPYTER_RUNTIME_DIR"] = os.path.join(tmp, ".runtime")
         request["lesson_files"] = settings.lesson_files
-        cmd = _prlimit(limits) + [sys.executable, "-I", str(RUNNER)]
+        cmd = _prlimit(limits) + [real_interpreter(), "-I", str(RUNNER)]
     else:
         raise ValueError(f"unknown sandbox mode {settings.mode!r}")
     begun = time.time()

@@ -186,3 +186,94 @@ def test_a_failing_test_shows_its_own_traceback_and_a_passing_one_its_value():
     )  # the last expression's value, as nbgrader's partial credit reads
     result = next(o for o in valued["outputs"] if o.get("output_type") == "execute_result")
     assert result["data"]["text/plain"] == "1.5"
+
+
+def _course_copy(dest, checks_tail: str = "") -> str:
+    """A copy of the course package with a marker module (and ``checks_tail`` in checks.py)."""
+    import shutil
+
+    shutil.copytree(
+        REPO_ROOT / "course", dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
+    (dest / "_where.py").write_text(f"WHERE = {str(dest)!r}\n")
+    if checks_tail:
+        with open(dest / "checks.py", "a", encoding="utf-8") as fh:
+            fh.write(checks_tail)
+    return str(dest)
+
+
+@pytest.mark.parametrize("mode", ["bwrap", "unsandboxed"])
+def test_autograde_grades_with_the_course_package_under_its_root(tmp_path, mode):
+    """The course under --root is the one the kernel imports, not the installed checkout."""
+    from grader.autograde import autograde
+    from grader.tests.conftest import make_course
+
+    if mode == "bwrap":
+        need_bwrap()
+    root = make_course(tmp_path / "course")
+    where = _course_copy(root / "course")
+    lesson = "93-course"
+    nb = new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3"}})
+    nb.cells = [
+        new_code_cell("import course._where\nimport course.checks"),
+        new_code_cell(f"assert course._where.WHERE == {where!r}, course.__file__"),
+    ]
+    nb.cells[1].metadata["nbgrader"] = {
+        "grade": True,
+        "solution": False,
+        "locked": True,
+        "grade_id": "where_tests",
+        "points": 1,
+        "schema_version": 3,
+    }
+    for i, cell in enumerate(nb.cells):
+        cell.id = f"cell-{i}"
+    for folder in (root / "solutions" / lesson, root / "submitted" / "ann" / lesson):
+        folder.mkdir(parents=True)
+        nbformat.write(nb, folder / f"{lesson}.ipynb")
+    limits = Limits(cell_timeout=60, notebook_timeout=180)
+    [ann] = autograde(lesson, root, workers=1, limits=limits, mode=mode, progress=False)
+    assert (ann.status, ann.total) == ("graded", 1.0), ann
+
+
+def test_a_failing_prelude_names_its_exception(tmp_path):
+    need_bwrap()
+    broken = _course_copy(tmp_path / "course", "\nraise RuntimeError('checks are broken')\n")
+    nb = new_notebook()
+    nb.cells = [new_code_cell("print(1)")]
+    limits = Limits(cell_timeout=60, notebook_timeout=120)
+    settings = Settings(limits=limits, course_dir=broken)
+    answer = sandbox.execute(json.loads(json.dumps(nb)), [], settings)
+    said = [e for e in answer["events"] if "prelude failed" in e]
+    assert said and "RuntimeError: checks are broken" in said[0], answer["events"]
+
+
+def test_a_venv_that_is_a_symbolic_link_still_runs_the_sandbox(tmp_path):
+    """The grader started through a linked .venv (a course whose .venv lives elsewhere)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    need_bwrap()
+    venv = Path(sys.prefix)
+    link = tmp_path / "course" / ".venv"
+    link.parent.mkdir()
+    link.symlink_to(venv.resolve(), target_is_directory=True)
+    python = link / Path(sys.executable).relative_to(venv)
+    code = (
+        "import json, sys\n"
+        "from grader import sandbox\n"
+        "nb = {'nbformat': 4, 'nbformat_minor': 5, 'metadata': {}, 'cells': [\n"
+        " {'cell_type': 'code', 'id': 'a', 'metadata': {}, 'outputs': [],\n"
+        "  'execution_count': None, 'source': 'print(6 * 7)'}]}\n"
+        "limits = sandbox.Limits(cell_timeout=60, notebook_timeout=120)\n"
+        "print(json.dumps(sandbox.execute(nb, [], sandbox.Settings(limits=limits))))\n"
+    )
+    proc = subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    answer = json.loads(proc.stdout)
+    cell = answer["cells"][0] if answer["cells"] else {}
+    assert cell.get("status") == "ok", answer["events"]
+    assert "42" in "".join(o.get("text", "") for o in cell["outputs"])
