@@ -39,13 +39,15 @@ def _cmd_package(args: argparse.Namespace) -> int:
     root = Path(args.root).resolve()
     out = Path(args.out).resolve()
     try:
-        names = build_kit(root, out)
+        names = build_kit(root, out, args.lesson or None)
     except PackageError as exc:
         print(exc, file=sys.stderr)
         return 2
+    lessons = sorted({n.split("/")[1] for n in names if n.startswith("lessons/")})
     print(
-        f"wrote {out}: {len(names)} files (lessons/, course/, pyproject.toml, "
-        "requirements.txt, README.md); no solutions, no hidden tests"
+        f"wrote {out}: {len(names)} files (lessons {', '.join(lessons)}; course/, "
+        "pyproject.toml, requirements.txt, the student's JupyterLab view in jupyter/ with "
+        "lab.py to open it, README.md); no solutions, no hidden tests"
     )
     return 0
 
@@ -313,10 +315,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "package",
         help="zip what students get: lessons/, course/, requirements, README",
-        description="Write the student kit (lessons/, the course package, pyproject.toml, "
-        "requirements.txt, a README). Refuses if any file holds solution or hidden-test markers.",
+        description="Write the student kit (lessons/, the course package, a pyproject.toml "
+        "that installs it, requirements.txt, the student's JupyterLab view with lab.py to open "
+        "it, a README). Refuses if any file holds solution or hidden-test markers.",
     )
     p.add_argument("--out", default="dist/mixed-precision-student-kit.zip", help="zip to write")
+    p.add_argument(
+        "--lesson",
+        action="append",
+        metavar="ID",
+        help="only this released lesson (repeatable; default: every lesson in lessons/)",
+    )
     common(p)
     p.set_defaults(func=_cmd_package)
 

@@ -1,14 +1,19 @@
 """The student kit: a zip of what students get, and nothing they must not see.
 
-Contents: ``lessons/`` (the released notebooks and their files), the ``course/`` package,
-``pyproject.toml`` (so ``pip install -e .`` installs the course and its dependencies),
-``requirements.txt`` (the same dependencies, for a plain ``pip install -r``) and a ``README.md``
-for students. Never ``solutions/``, ``grader/``, ``tests/``, gradebooks or submissions. Before the
-zip is written every file is checked for nbgrader's solution and hidden-test markers.
+Contents: ``lessons/`` (the released notebooks and their files; all of them, or the lessons
+asked for), the ``course/`` package, a ``pyproject.toml`` of its own (the course's name, version
+and dependencies, packaging ``course`` only: no ``grader`` and no instructor command), so
+``pip install -e .`` installs the course and its dependencies, ``requirements.txt`` (the same
+dependencies, for a plain ``pip install -r``), the student's JupyterLab view (``jupyter/student``
+and ``jupyter/common``: nbgrader's instructor panels off) with ``lab.py`` that opens the lessons
+in it, and a ``README.md`` for students. Never ``solutions/``, ``grader/``, ``tests/``, gradebooks
+or submissions. Before the zip is written every file is checked for nbgrader's solution and
+hidden-test markers.
 """
 
 from __future__ import annotations
 
+import json
 import tomllib
 import zipfile
 from pathlib import Path
@@ -23,9 +28,9 @@ README = """# Mixed precision training with PyTorch: student kit
        python3 -m venv .venv
        .venv/bin/pip install -e .
 
-2. Open the lessons:
+2. Open the lessons (JupyterLab in the student's view; extra arguments go to JupyterLab):
 
-       .venv/bin/jupyter lab lessons/
+       .venv/bin/python lab.py
 
 3. Work the exercises (cells that say `# YOUR CODE HERE`), then check yourself: as the last cell
    of a notebook (after saving it)
@@ -45,46 +50,142 @@ class PackageError(Exception):
     """The kit would contain something students must not see."""
 
 
-def kit_files(root: Path) -> dict[str, Path]:
-    """``{name in the zip: file}`` for the kit."""
+#: The kit's JupyterLab launcher (standard library only): the student view's config folders first
+#: on JUPYTER_CONFIG_PATH, as the course's ``run.py lab`` does, then JupyterLab on ``lessons/``.
+LAB_PY = """#!/usr/bin/env python3
+\"\"\"Open the lessons in JupyterLab, the student's view: python lab.py [JupyterLab options].\"\"\"
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def main(argv):
+    env = dict(os.environ)
+    views = [HERE / "jupyter" / "student", HERE / "jupyter" / "common"]
+    paths = [str(p) for p in views] + [p for p in [env.get("JUPYTER_CONFIG_PATH")] if p]
+    env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(paths)
+    cmd = [sys.executable, "-m", "jupyterlab", "lessons/", *argv]
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in argv:
+        cmd.append("--allow-root")
+    return subprocess.call(cmd, cwd=HERE, env=env)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
+"""
+#: The JupyterLab views the kit ships (the student's, and what both views share).
+VIEWS = ("jupyter/student", "jupyter/common")
+
+
+def _walk(root: Path, top: str, files: dict[str, Path]) -> None:
+    for path in sorted((root / top).rglob("*")):
+        rel = path.relative_to(root)
+        if path.is_file() and not SKIP_PARTS.intersection(rel.parts) and path.suffix != ".pyc":
+            files[rel.as_posix()] = path
+
+
+def available_lessons(root: Path) -> list[str]:
+    """The released lessons under ``root/lessons``."""
+    base = root / "lessons"
+    return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+
+
+def kit_files(root: Path, lessons: list[str] | None = None) -> dict[str, Path]:
+    """``{name in the zip: file}`` for the kit (``lessons``: only these; default all)."""
     files: dict[str, Path] = {}
     for top in ("lessons", "course"):
-        base = root / top
-        if not base.is_dir():
-            raise PackageError(f"{base}: missing (run `python -m grader release` first)")
-        for path in sorted(base.rglob("*")):
-            rel = path.relative_to(root)
-            if path.is_file() and not SKIP_PARTS.intersection(rel.parts) and path.suffix != ".pyc":
-                files[rel.as_posix()] = path
-    files["pyproject.toml"] = root / "pyproject.toml"
+        if not (root / top).is_dir():
+            raise PackageError(f"{root / top}: missing (run `python -m grader release` first)")
+    released = available_lessons(root)
+    if lessons:
+        unknown = sorted(set(lessons) - set(released))
+        if unknown:
+            raise PackageError(
+                f"no released lesson {', '.join(unknown)} in {root / 'lessons'} (released: "
+                f"{', '.join(released) or 'none'}; run `python -m grader release` first)"
+            )
+    for lesson in sorted(set(lessons or released)):
+        _walk(root, f"lessons/{lesson}", files)
+    _walk(root, "course", files)
+    for view in VIEWS:
+        if (root / view).is_dir():
+            _walk(root, view, files)
     return files
 
 
+def _toml(value: object) -> str:
+    if isinstance(value, list):
+        return "[\n" + "".join(f"    {_toml(v)},\n" for v in value) + "]"
+    return json.dumps(value)  # a TOML basic string for the strings a pyproject holds
+
+
+def kit_pyproject(root: Path) -> str:
+    """The kit's ``pyproject.toml``: the course's project metadata and dependencies, packaging
+    ``course`` only (the course's own file also packages ``grader``, which the kit does not hold,
+    and declares the instructor's command)."""
+    data = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    build = data.get("build-system", {})
+    project = data.get("project", {})
+    lines = [
+        "# The student kit's project: the course package and the lessons' dependencies.",
+        "[build-system]",
+        f"requires = {_toml(build.get('requires', ['setuptools>=77']))}",
+        f"build-backend = {_toml(build.get('build-backend', 'setuptools.build_meta'))}",
+        "",
+        "[project]",
+    ]
+    for key in ("name", "version", "description", "requires-python", "license"):
+        if key in project:
+            lines.append(f"{key} = {_toml(project[key])}")
+    lines.append('readme = "README.md"')
+    lines.append(f"dependencies = {_toml(list(project.get('dependencies', [])))}")
+    lines += ["", "[tool.setuptools.packages.find]", 'include = ["course*"]', ""]
+    return "\n".join(lines)
+
+
 def requirements(root: Path) -> str:
+    """The course's dependencies, one a line (``requirements.txt``)."""
     data = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
     return "\n".join(data["project"]["dependencies"]) + "\n"
 
 
-def build_kit(root: Path, out: Path) -> list[str]:
-    """Write the kit to ``out``; returns the names it holds."""
-    files = kit_files(root)
-    problems = []
+def build_kit(root: Path, out: Path, lessons: list[str] | None = None) -> list[str]:
+    """Write the kit to ``out`` (``lessons``: only these; default all); returns its names."""
+    files = kit_files(root, lessons)
+    generated = {
+        "pyproject.toml": kit_pyproject(root),
+        "requirements.txt": requirements(root),
+        "README.md": README,
+        "lab.py": LAB_PY,
+    }
+    problems = [f"{view}: missing (the student's JupyterLab view)" for view in VIEWS]
+    problems = [p for p, v in zip(problems, VIEWS, strict=True) if not (root / v).is_dir()]
     for name, path in files.items():
         if path.suffix in (".ipynb", ".py", ".md", ".txt", ".toml"):
             text = path.read_text(encoding="utf-8", errors="replace")
             for marker in FORBIDDEN:
                 if marker in text:
                     problems.append(f"{name}: contains {marker!r}")
+    for name, text in generated.items():
+        problems += [f"{name}: contains {m!r}" for m in FORBIDDEN if m in text]
     if problems:
         raise PackageError(
-            "the kit would leak solutions or hidden tests:\n  " + "\n  ".join(problems)
+            "the kit would leak solutions or hidden tests, or lacks what students need:\n  "
+            + "\n  ".join(problems)
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".part")
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for name, path in files.items():
             zf.write(path, f"mixed-precision-course/{name}")
-        zf.writestr("mixed-precision-course/requirements.txt", requirements(root))
-        zf.writestr("mixed-precision-course/README.md", README)
+        for name, text in generated.items():
+            info = zipfile.ZipInfo(f"mixed-precision-course/{name}", (2026, 1, 1, 0, 0, 0))
+            info.external_attr = (0o755 if name.endswith(".py") else 0o644) << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, text)
     tmp.replace(out)
-    return sorted([*files, "requirements.txt", "README.md"])
+    return sorted([*files, *generated])
