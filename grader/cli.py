@@ -53,17 +53,31 @@ def _cmd_package(args: argparse.Namespace) -> int:
 
 
 def _cmd_intake(args: argparse.Namespace) -> int:
-    from grader.intake import intake_exchange, intake_zip
+    from grader.intake import intake_exchange, intake_zip, sheet_kind
 
     root = Path(args.root).resolve()
     try:
+        roster = sheet = None
+        for given in args.roster or []:
+            if sheet_kind(Path(given)) == "roster":
+                roster = Path(given)
+            else:
+                sheet = Path(given)
+        if args.due:
+            from grader.late import parse_when, set_duedate
+
+            due = parse_when(args.due)
+            set_duedate(root, args.lesson, due, args.db_url)
+            print(f"{args.lesson} is due {due:%Y-%m-%d %H:%M} UTC (the gradebook's duedate)")
         if args.lms_zip:
             report = intake_zip(
                 root,
                 args.lesson,
                 Path(args.lms_zip),
-                Path(args.roster) if args.roster else None,
+                roster,
                 replace=args.replace,
+                sheet=sheet,
+                timezone=args.lms_timezone,
             )
         else:
             report = intake_exchange(
@@ -72,7 +86,7 @@ def _cmd_intake(args: argparse.Namespace) -> int:
                 Path(args.exchange) if args.exchange else None,
                 replace=args.replace,
             )
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
         print(f"intake failed: {exc}", file=sys.stderr)
         return 2
     for line in report.lines():
@@ -209,51 +223,66 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_feedback(args: argparse.Namespace) -> int:
-    from grader.nbtools import nbgrader
+    from grader.feedback import channels_of, deliver, generate
 
     root = Path(args.root).resolve()
-    cmd = ["generate_feedback", args.lesson, "--force"]
-    if args.db_url:
-        cmd.append(f"--CourseDirectory.db_url={args.db_url}")
-    if args.student:
-        cmd.append(f"--student={args.student}")
     try:
-        nbgrader(cmd, cwd=root)
-    except RuntimeError as exc:
+        report = generate(root, args.lesson, args.db_url, args.student)
+        channels = args.deliver or channels_of(root, args.lesson)
+        if "none" not in channels:
+            deliver(root, args.lesson, report, channels)
+    except (RuntimeError, OSError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return 2
-    files = sorted((root / "feedback").glob(f"*/{args.lesson}/*.html"))
-    print(
-        f"wrote {len(files)} feedback file(s) under {root / 'feedback'} "
-        "(hidden tests are not shown)"
-    )
+    for line in report.lines():
+        print(line)
     return 0
 
 
+def _points_value(text: str) -> tuple[str, float]:
+    lesson, sep, value = text.rpartition("=")
+    try:
+        points = float(value)
+    except ValueError:
+        raise ValueError(
+            f"--points-possible {text!r}: expected N or LESSON=N, e.g. 01-number-formats=100"
+        ) from None
+    return (lesson if sep else ""), points
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
-    from grader.export import export_canvas, export_csv, export_moodle
+    from grader.export import collect, export_canvas, export_csv, export_moodle
+    from grader.late import apply_late_penalties
 
     root = Path(args.root).resolve()
     lessons = args.lesson or None
     roster = Path(args.roster) if args.roster else None
     out = Path(args.out or {"exercises": "grades.csv"}.get(args.format, f"{args.format}.csv"))
+    late: list[str] = []
     try:
         ids = dict(_lesson_value(text) for text in args.lms_assignment or [])
+        points = dict(_points_value(text) for text in args.points_possible or [])
+        for lesson in lessons or [g.lesson for g in collect(root, None, args.db_url)[1]]:
+            late += apply_late_penalties(root, lesson, args.db_url).lines()
         if args.format == "exercises":
-            n = export_csv(root, out, lessons, db_url=args.db_url)
+            warnings: list[str] = []
+            n = export_csv(root, out, lessons, db_url=args.db_url, warnings=warnings)
+            for line in late + [f"WARNING: {w}" for w in warnings]:
+                print(line, file=sys.stderr)
             print(f"wrote {out}: {n} students")
             return 0
         if args.format == "canvas":
-            result = export_canvas(root, out, lessons, args.db_url, ids, roster)
+            result = export_canvas(root, out, lessons, args.db_url, ids, roster, points)
         else:
             if not lessons or len(lessons) != 1:
                 raise ValueError("a Moodle grading worksheet is per assignment: give one --lesson")
-            result = export_moodle(root, out, lessons[0], args.db_url, roster)
+            top = points.get(lessons[0], points.get(""))
+            result = export_moodle(root, out, lessons[0], args.db_url, roster, points_possible=top)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
-    for line in result.warnings:
-        print(f"WARNING: {line}", file=sys.stderr)
+    for line in late + [f"WARNING: {w}" for w in result.warnings]:
+        print(line, file=sys.stderr)
     print(f"wrote {out} ({args.format} import format): {result.rows} students")
     return 0
 
@@ -267,10 +296,38 @@ def _lesson_value(text: str) -> tuple[str, str]:
     return lesson, value
 
 
+def local_kernels_over_ipc():
+    """A context in which the notebook clients this process creates start their kernel on IPC
+    sockets (files in Jupyter's private runtime folder) instead of loopback TCP: the check's
+    kernel is this machine's and this user's only, and ipykernel then has no reason to print
+    "Kernel is running over TCP without encryption" at the student."""
+    from unittest import mock
+
+    import nbclient
+    from jupyter_client.manager import AsyncKernelManager
+
+    class LocalKernelManager(AsyncKernelManager):
+        """jupyter_client's kernel manager with its ``transport`` set to ``ipc``."""
+
+        def __init__(self, **kwargs: object) -> None:
+            kwargs.setdefault("transport", "ipc")
+            super().__init__(**kwargs)
+
+    class LocalNotebookClient(nbclient.NotebookClient):
+        """nbclient's client with :class:`LocalKernelManager` as its kernel manager."""
+
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            kwargs.setdefault("kernel_manager_class", LocalKernelManager)
+            super().__init__(*args, **kwargs)
+
+    return mock.patch.object(nbclient, "NotebookClient", LocalNotebookClient)
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     from course.selfcheck import main as selfcheck
 
-    return selfcheck([args.notebook, "--timeout", str(args.timeout)])
+    with local_kernels_over_ipc():
+        return selfcheck([args.notebook, "--timeout", str(args.timeout)])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -289,7 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
                 "--db-url",
                 default=None,
                 help="nbgrader gradebook URL (default: sqlite:///ROOT/gradebook.db; "
-                "postgresql://... to share one gradebook between machines)",
+                "postgresql+psycopg2://USER@HOST/DB to share one gradebook between machines: "
+                "the driver must be named, a bare postgresql:// needs psycopg 3)",
             )
 
     p = sub.add_parser(
@@ -335,7 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Place submissions into submitted/<student>/<lesson>/ without overwriting "
         "any. Everything received is archived in intake/<lesson>/. LMS file names: Canvas "
         "'name[_LATE]_<userid>_<subid>_<file>.ipynb' or Moodle "
-        "'<Full Name>_<userid>_assignsubmission_file_<file>.ipynb'. Exit 1 if some files could "
+        "'<Full Name>_<id>_assignsubmission_file_<file>.ipynb', or Moodle 4.1's folders "
+        "'<Full Name>_<id>_assignsubmission_file/<file>.ipynb'. Exit 1 if some files could "
         "not be mapped (they are listed).",
     )
     p.add_argument("lesson", help="lesson id, e.g. 02-loss-scaling")
@@ -346,15 +405,38 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         nargs="?",
         const="",
-        help="nbgrader's exchange root (default /srv/nbgrader/exchange)",
+        help="nbgrader's exchange root (default: nbgrader's Exchange.root in the course's "
+        "config, /usr/local/share/nbgrader/exchange unless set)",
     )
-    p.add_argument("--roster", metavar="CSV", help="CSV with columns student_id,lms_id")
+    p.add_argument(
+        "--roster",
+        metavar="CSV",
+        action="append",
+        help="CSV with columns student_id,lms_id (optional: lms, name, email, sis_user_id, "
+        "sis_login_id, section, submitted_at, extension_days, extension_hours); or the LMS's "
+        "own download: Moodle's offline grading worksheet (submission times, maximum grade; "
+        "download it with Moodle in English) or Canvas's gradebook export (points possible). "
+        "Repeatable: a roster and a download",
+    )
+    p.add_argument(
+        "--due",
+        metavar="WHEN",
+        help="the lesson's due date, ISO 8601 (2026-11-20T23:59+01:00; no zone: UTC), stored "
+        "as the gradebook assignment's duedate",
+    )
+    p.add_argument(
+        "--lms-timezone",
+        default="UTC",
+        metavar="TZ",
+        help="the zone the LMS wrote local times in (zip entries, Moodle's worksheet dates), "
+        "e.g. Europe/Berlin (default UTC)",
+    )
     p.add_argument(
         "--replace",
         action="store_true",
         help="replace an existing different submission (the old one is archived)",
     )
-    common(p)
+    common(p, db=True)
     p.set_defaults(func=_cmd_intake)
 
     p = sub.add_parser(
@@ -437,6 +519,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("lesson", help="lesson id")
     p.add_argument("--student", help="only this student")
+    p.add_argument(
+        "--deliver",
+        action="append",
+        choices=["moodle", "canvas", "exchange", "none"],
+        help="return the feedback this way (repeatable; default: every way the lesson's "
+        "submissions came in): moodle / canvas write lms-feedback/LESSON/<lms>-feedback.zip "
+        "to upload (Moodle: 'Upload multiple feedback files in a zip'; Canvas: 'Re-upload "
+        "Submissions'), exchange runs nbgrader release_feedback",
+    )
     common(p, db=True)
     p.set_defaults(func=_cmd_feedback)
 
@@ -466,6 +557,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="LESSON=ID",
         help="the LMS's assignment id of a lesson (Canvas's column 'LESSON (ID)'); repeatable",
+    )
+    p.add_argument(
+        "--points-possible",
+        action="append",
+        metavar="[LESSON=]N",
+        help="the LMS assignment's maximum (canvas, moodle): totals are scaled to it; without "
+        "it, the maximum in the LMS's own download given at intake, else the export is refused",
     )
     common(p, db=True)
     p.set_defaults(func=_cmd_export)

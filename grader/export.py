@@ -27,11 +27,24 @@ the participant number that also names the files of Moodle's submission download
 ``Last modified (grade)`` (strtotime; a grade changed in Moodle more than 60 s after it is kept);
 and the feedback plugins' columns (``Feedback comments``). The other columns are informative.
 
-Both LMS formats need each student's LMS identity: the roster used at intake (kept as
-``intake/<lesson>/roster.csv``, columns ``student_id, lms_id`` and optionally ``name, email,
-sis_user_id, sis_login_id, section``), else what intake read from the LMS file names
-(``intake/<lesson>/identities.json``), else the student id itself when it is a number (intake
-without a roster).
+Both LMS formats need each student's LMS identity: what intake read from the LMS file names
+(``intake/<lesson>/identities.json``, which records the LMS each student came from), completed
+by the roster used at intake (kept as ``intake/<lesson>/roster.csv``, columns ``student_id,
+lms_id`` and optionally ``lms, name, email, sis_user_id, sis_login_id, section``), else the
+student id itself when it is a number (intake without a roster). Identities never cross LMSes: a
+student who came from another LMS (or the exchange) is exported only when a roster maps them to
+this one (the ``--roster`` given to export, or a roster row with this ``lms``); the others are
+named and left out, and an export none of whose students can be mapped is refused.
+
+Points: an LMS assignment has its own maximum. The LMS formats need it (``points_possible``,
+or read from the LMS's own download given at intake: Moodle's worksheet ``Maximum Grade``,
+Canvas's gradebook export ``Points Possible`` row) and scale each total to it, with a warning;
+without it they refuse. Late penalties (:mod:`grader.late`) are subtracted; written answers not
+graded yet are blank in the per-exercise CSV, and the LMS formats say whether manual points were
+sent.
+
+The Canvas and Moodle formats are also nbgrader export plugins (:class:`CanvasExportPlugin`,
+:class:`MoodleExportPlugin`): ``nbgrader export --exporter=grader.export.CanvasExportPlugin``.
 """
 
 from __future__ import annotations
@@ -42,6 +55,9 @@ import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+
+from nbgrader.plugins import ExportPlugin
+from traitlets import Dict, Unicode
 
 FORMATS = ("exercises", "canvas", "moodle")
 #: Canvas's identity columns, in its order.
@@ -72,9 +88,29 @@ class LessonGrades:
     lesson: str
     cells: list[tuple[str, str, float]]  # (notebook, grade id, max score)
     max_score: float
-    #: per student: ``{"scores": {grade id: points}, "total", "status" (graded/rejected/failed),
-    #: "reason", "flags", "manual" (needs manual grading), "timestamp"}``; absent: no submission
+    #: per student: ``{"scores": {grade id: points, or None when not graded yet}, "total" (after
+    #: the late penalty), "penalty", "seconds_late", "status" (graded/rejected/failed),
+    #: "reason", "flags", "ungraded" (written answers without a grade), "manual_sent" (manual
+    #: points in the total), "timestamp", "messages" ({grade id: why the test failed})};
+    #: absent: no submission
     students: dict[str, dict] = field(default_factory=dict)
+
+
+def failure_messages(root: Path, lesson: str, student: str) -> dict[str, str]:
+    """``{grade id: last line of the error}`` of each failed graded cell (autograded notebook)."""
+    import nbformat
+
+    out: dict[str, str] = {}
+    for path in sorted((root / "autograded" / student / lesson).glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+            for o in cell.get("outputs", []) if gid else []:
+                if o.get("output_type") == "error":
+                    text = f"{o.get('ename', 'Error')}: {o.get('evalue', '')}".strip()
+                    out[gid] = text.splitlines()[0][:300] if text else "error"
+                    break
+    return out
 
 
 def collect(root: Path, lessons: list[str] | None, db_url: str | None) -> tuple[list[str], list]:
@@ -106,24 +142,39 @@ def collect(root: Path, lessons: list[str] | None, db_url: str | None) -> tuple[
                     sub = gb.find_submission(lesson, sid)
                 except MissingEntry:
                     continue
-                scores: dict[str, float] = {}
-                manual = False
+                scores: dict[str, float | None] = {}
+                ungraded: list[str] = []
+                manual_sent = False
                 for nb_name, name, _ in cells:
                     grade = gb.find_grade(name, nb_name, lesson, sid)
-                    scores[name] = float(grade.score) if grade.score is not None else 0.0
-                    manual = manual or bool(grade.needs_manual_grade)
+                    if grade.manual_score is not None:
+                        manual_sent = True
+                    if (
+                        grade.needs_manual_grade
+                        and grade.manual_score is None
+                        and grade.auto_score is None
+                    ):
+                        scores[name] = None  # not graded yet: no score, not zero
+                        ungraded.append(name)
+                    else:
+                        scores[name] = float(grade.score) if grade.score is not None else 0.0
+                penalty = float(sub.late_submission_penalty or 0.0)
                 info = {"status": "graded"}
                 path = results / f"{sid}.json"
                 if path.is_file():
                     info = json.loads(path.read_text())
                 grades.students[sid] = {
                     "scores": scores,
-                    "total": sum(scores.values()),
+                    "total": sum(v for v in scores.values() if v is not None) - penalty,
+                    "penalty": penalty,
+                    "seconds_late": float(sub.total_seconds_late),
                     "status": info.get("status", "graded"),
                     "reason": info.get("reason", ""),
                     "flags": list(info.get("flags", [])),
-                    "manual": manual,
+                    "ungraded": ungraded,
+                    "manual_sent": manual_sent,
                     "timestamp": sub.timestamp,
+                    "messages": failure_messages(root, lesson, sid),
                 }
             out.append(grades)
     return students, out
@@ -135,15 +186,34 @@ def _status(entry: dict) -> str:
         parts.append(entry["reason"])
     if entry["flags"]:
         parts.append("flags: " + ",".join(entry["flags"]))
-    if entry["manual"]:
-        parts.append("needs manual grading")
+    if entry["penalty"]:
+        parts.append(f"late penalty -{_points(entry['penalty'])}")
+    if entry["ungraded"]:
+        parts.append("needs manual grading: " + ",".join(entry["ungraded"]))
     return "; ".join(parts)
 
 
+def _ungraded_warnings(grades: list[LessonGrades]) -> list[str]:
+    return [
+        f"{sid} {g.lesson}: written answers not graded yet ({', '.join(e['ungraded'])}): "
+        "left blank, the total holds the graded part only"
+        for g in grades
+        for sid, e in sorted(g.students.items())
+        if e["ungraded"]
+    ]
+
+
 def export_csv(
-    root: Path, out: Path, lessons: list[str] | None = None, db_url: str | None = None
+    root: Path,
+    out: Path,
+    lessons: list[str] | None = None,
+    db_url: str | None = None,
+    warnings: list[str] | None = None,
 ) -> int:
-    """Write the per-exercise CSV to ``out``; returns the number of student rows."""
+    """Write the per-exercise CSV to ``out``; returns the number of student rows.
+
+    A written answer not graded yet is blank (not 0); ``warnings`` gets a line for each.
+    """
     students, grades = collect(root, lessons, db_url)
     header = ["student_id"]
     rows: dict[str, dict[str, object]] = {
@@ -151,7 +221,12 @@ def export_csv(
     }
     for g in grades:
         header += [f"{g.lesson}/{_exercise(name)}" for _, name, _ in g.cells]
-        header += [f"{g.lesson}/total", f"{g.lesson}/max", f"{g.lesson}/status"]
+        header += [
+            f"{g.lesson}/late_penalty",
+            f"{g.lesson}/total",
+            f"{g.lesson}/max",
+            f"{g.lesson}/status",
+        ]
         for sid in students:
             row = rows[sid]
             row[f"{g.lesson}/max"] = g.max_score
@@ -161,12 +236,15 @@ def export_csv(
                 row[f"{g.lesson}/status"] = "missing"
                 continue
             for name, score in entry["scores"].items():
-                row[f"{g.lesson}/{_exercise(name)}"] = score
+                row[f"{g.lesson}/{_exercise(name)}"] = "" if score is None else score
+            row[f"{g.lesson}/late_penalty"] = entry["penalty"] or ""
             row[f"{g.lesson}/total"] = entry["total"]
             row["total"] = float(row["total"]) + entry["total"]
             row[f"{g.lesson}/status"] = _status(entry)
     header += ["total", "max"]
     _write(out, header, [rows[sid] for sid in sorted(rows)])
+    if warnings is not None:
+        warnings += _ungraded_warnings(grades)
     return len(rows)
 
 
@@ -178,11 +256,61 @@ def _write(out: Path, header: list[str], rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def identities(root: Path, lesson: str, roster: Path | None = None) -> dict[str, dict[str, str]]:
-    """``{student_id: {"lms_id", "name", "email", "sis_user_id", "sis_login_id", "section"}}``.
+IDENTITY_KEYS = ("lms_id", "name", "email", "sis_user_id", "sis_login_id", "section")
 
-    From ``roster`` (default: the roster used at intake of ``lesson``), completed by the
-    identities intake read from the LMS file names.
+
+@dataclass
+class Identities:
+    """Each student's identity in one LMS, and the students who have none there."""
+
+    found: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: student: where they came from (``"moodle as Participant 202"``)
+    foreign: dict[str, str] = field(default_factory=dict)
+
+
+def lms_identities(root: Path, lesson: str, lms: str, roster: Path | None = None) -> Identities:
+    """Each student's identity in ``lms`` (see the module docstring); never another LMS's id."""
+    from grader.intake import identities_path, read_roster_rows, roster_copy_path
+
+    result = Identities()
+    seen_path = identities_path(root, lesson)
+    seen = json.loads(seen_path.read_text(encoding="utf-8")) if seen_path.is_file() else {}
+    intake_rows = (
+        read_roster_rows(roster_copy_path(root, lesson))
+        if roster_copy_path(root, lesson).is_file()
+        else []
+    )
+    given_rows = read_roster_rows(roster) if roster is not None else []
+    given = {r["student_id"]: r for r in given_rows if r["lms"] in ("", lms)}
+    for sid, ident in seen.items():
+        if ident.get("lms") == lms:
+            result.found[sid] = {k: str(ident.get(k, "")) for k in IDENTITY_KEYS if ident.get(k)}
+        elif sid not in given:
+            shown = (
+                f"Participant {ident.get('lms_id')}"
+                if ident.get("lms") == "moodle"
+                else (f"id {ident.get('lms_id')}")
+            )
+            result.foreign[sid] = f"came from {ident.get('lms')} as {shown}"
+    for row in intake_rows:
+        sid = row["student_id"]
+        source = seen.get(sid, {}).get("lms")
+        # a roster row without an lms column belongs to the LMS the student came from
+        if row["lms"] == lms or (not row["lms"] and source in (None, lms)):
+            entry = result.found.setdefault(sid, {})
+            entry.update({k: row[k] for k in IDENTITY_KEYS if row.get(k)})
+            result.foreign.pop(sid, None)
+    for sid, row in given.items():  # the roster given now maps these students to this LMS
+        entry = result.found.setdefault(sid, {})
+        entry.update({k: row[k] for k in IDENTITY_KEYS if row.get(k)})
+        result.foreign.pop(sid, None)
+    return result
+
+
+def identities(root: Path, lesson: str, roster: Path | None = None) -> dict[str, dict[str, str]]:
+    """``{student_id: {"lms_id", "name", "email", ...}}`` whatever LMS each came from.
+
+    For the LMS formats use :func:`lms_identities`, which never mixes LMSes.
     """
     from grader.intake import identities_path, read_roster_rows, roster_copy_path
 
@@ -194,11 +322,8 @@ def identities(root: Path, lesson: str, roster: Path | None = None) -> dict[str,
     path = roster or roster_copy_path(root, lesson)
     if path.is_file():
         for row in read_roster_rows(path):
-            sid = row["student_id"]
-            entry = found.setdefault(sid, {})
-            for key in ("lms_id", "name", "email", "sis_user_id", "sis_login_id", "section"):
-                if row.get(key):
-                    entry[key] = row[key]
+            entry = found.setdefault(row["student_id"], {})
+            entry.update({k: row[k] for k in IDENTITY_KEYS if row.get(k)})
     return found
 
 
@@ -210,7 +335,7 @@ def _lms_id(student: str, idents: dict[str, dict[str, str]]) -> str | None:
 
 
 def _points(value: float) -> str:
-    return f"{value:g}"
+    return f"{round(value, 2):g}"
 
 
 @dataclass
@@ -219,10 +344,57 @@ class LmsExport:
 
     rows: int = 0
     warnings: list[str] = field(default_factory=list)
+    #: students left out because they have no identity in this LMS, with where they came from
+    not_exported: dict[str, str] = field(default_factory=dict)
 
 
-def _graded_total(entry: dict | None, lesson: str, student: str, result: LmsExport) -> str:
-    """The total to send, or ``""`` (no submission, or grading failed: the LMS keeps its grade)."""
+def lms_points(root: Path, lesson: str, lms: str, assignment_id: str | None = None) -> float | None:
+    """The LMS assignment's maximum, from its own download kept at intake (or None)."""
+    from grader.intake import read_lms_sheet, sheet_copy_path
+
+    path = sheet_copy_path(root, lesson, lms)
+    if not path.is_file():
+        return None
+    sheet = read_lms_sheet(path)
+    if lms == "moodle":
+        return sheet.points.get("")
+    for column, points in sheet.points.items():
+        if (assignment_id and column.endswith(f"({assignment_id})")) or lesson in column:
+            return points
+    return None
+
+
+def _scale(
+    g: LessonGrades,
+    lms: str,
+    root: Path,
+    given: dict[str, float],
+    ids: dict[str, str],
+    result: LmsExport,
+) -> float:
+    """The LMS maximum for ``g``'s lesson (refuses without one); warns when it scales."""
+    top = given.get(g.lesson, given.get("")) or lms_points(root, g.lesson, lms, ids.get(g.lesson))
+    if top is None:
+        raise ValueError(
+            f"{g.lesson}: the {lms.capitalize()} assignment's maximum is not known: give "
+            f"--points-possible {g.lesson}=N (N: the points it is worth in {lms.capitalize()}; "
+            f"{_points(g.max_score)} sends the lesson's points unscaled), or the LMS's own "
+            "download (Moodle grading worksheet / Canvas gradebook export) as --roster at intake"
+        )
+    if top <= 0:
+        raise ValueError(f"{g.lesson}: points possible must be positive, not {top:g}")
+    if abs(top - g.max_score) > 1e-9:
+        result.warnings.append(
+            f"{g.lesson}: scaled from {_points(g.max_score)} points to the "
+            f"{lms.capitalize()} assignment's {_points(top)}"
+        )
+    return top
+
+
+def _graded_total(
+    entry: dict | None, lesson: str, student: str, result: LmsExport, factor: float
+) -> str:
+    """The scaled total to send, or ``""`` (no submission, or grading failed)."""
     if entry is None:
         return ""
     if entry["status"] == "failed":
@@ -230,11 +402,41 @@ def _graded_total(entry: dict | None, lesson: str, student: str, result: LmsExpo
             f"{student} {lesson}: grading failed ({entry['reason']}): left empty"
         )
         return ""
-    if entry["manual"]:
+    if entry["ungraded"]:
         result.warnings.append(
-            f"{student} {lesson}: written answers not graded yet: sent the autograded part only"
+            f"{student} {lesson}: written answers not graded yet ({', '.join(entry['ungraded'])}):"
+            " sent the autograded part only"
+            + (" and the manual points given so far" if entry["manual_sent"] else "")
         )
-    return _points(entry["total"])
+    return _points(entry["total"] * factor)
+
+
+def _refuse_or_warn(lms: str, idents: Identities, submitted: set[str], result: LmsExport) -> None:
+    foreign = {s: why for s, why in idents.foreign.items() if s in submitted}
+    result.not_exported = foreign
+    names = "; ".join(f"{s} ({why})" for s, why in sorted(foreign.items()))
+    if foreign and not (submitted - set(foreign)):
+        raise ValueError(
+            f"no student of this export came from {lms.capitalize()}: {names}. Give a roster "
+            f"(--roster CSV, columns student_id,lms_id with their {lms.capitalize()} ids) to "
+            "export them there"
+        )
+    if foreign:
+        result.warnings.append(
+            f"not exported to {lms.capitalize()} (no {lms.capitalize()} identity; a roster "
+            f"mapping them would): {names}"
+        )
+
+
+def _late_warning(grades: list[LessonGrades], result: LmsExport, lms: str) -> None:
+    if any(e["penalty"] for g in grades for e in g.students.values()):
+        policy = (
+            "Late Policies" if lms == "canvas" else "penalties for late work (grade deductions)"
+        )
+        result.warnings.append(
+            f"these totals already hold the course's late penalties: turn off {lms.capitalize()}"
+            f"'s {policy} for the assignment, or it deducts again on import"
+        )
 
 
 def export_canvas(
@@ -244,11 +446,16 @@ def export_canvas(
     db_url: str | None = None,
     assignment_ids: dict[str, str] | None = None,
     roster: Path | None = None,
+    points_possible: dict[str, float] | None = None,
 ) -> LmsExport:
-    """Write Canvas's gradebook import CSV (see the module docstring)."""
+    """Write Canvas's gradebook import CSV (see the module docstring).
+
+    ``points_possible``: ``{lesson: points}`` of the Canvas assignments (``""``: every lesson).
+    """
     students, grades = collect(root, lessons, db_url)
     ids = assignment_ids or {}
     result = LmsExport()
+    tops = {g.lesson: _scale(g, "canvas", root, points_possible or {}, ids, result) for g in grades}
     columns = {
         g.lesson: f"{g.lesson} ({ids[g.lesson]})" if g.lesson in ids else g.lesson for g in grades
     }
@@ -258,20 +465,31 @@ def export_canvas(
                 f"{g.lesson}: no Canvas assignment id (--lms-assignment {g.lesson}=ID): Canvas "
                 "may create a new assignment from this column"
             )
-    idents: dict[str, dict[str, str]] = {}
+    found: dict[str, dict[str, str]] = {}
+    submitted: set[str] = set()
+    foreign = Identities()
     for g in grades:
-        for sid, ident in identities(root, g.lesson, roster).items():
-            idents.setdefault(sid, {}).update({k: v for k, v in ident.items() if v})
+        got = lms_identities(root, g.lesson, "canvas", roster)
+        for sid, ident in got.found.items():
+            found.setdefault(sid, {}).update(ident)
+        foreign.foreign.update(got.foreign)
+        submitted |= set(g.students)
+    for sid in found:
+        foreign.foreign.pop(sid, None)
+    _refuse_or_warn("canvas", foreign, submitted, result)
     header = CANVAS_COLUMNS + [columns[g.lesson] for g in grades]
     rows: list[dict] = [
-        {"Student": "Points Possible", **{columns[g.lesson]: _points(g.max_score) for g in grades}}
+        {
+            "Student": "Points Possible",
+            **{columns[g.lesson]: _points(tops[g.lesson]) for g in grades},
+        }
     ]
-    for sid in sorted(set(students) | set(idents)):
-        lms_id = _lms_id(sid, idents)
+    for sid in sorted((set(students) | set(found)) - set(result.not_exported)):
+        lms_id = _lms_id(sid, found)
         if lms_id is None:
             result.warnings.append(f"{sid}: no Canvas user id in the roster: not exported")
             continue
-        ident = idents.get(sid, {})
+        ident = found.get(sid, {})
         row = {
             "Student": ident.get("name") or sid,
             "ID": lms_id,
@@ -280,9 +498,13 @@ def export_canvas(
             "Section": ident.get("section", ""),
         }
         for g in grades:
-            row[columns[g.lesson]] = _graded_total(g.students.get(sid), g.lesson, sid, result)
+            factor = tops[g.lesson] / g.max_score if g.max_score else 1.0
+            row[columns[g.lesson]] = _graded_total(
+                g.students.get(sid), g.lesson, sid, result, factor
+            )
         rows.append(row)
         result.rows += 1
+    _late_warning(grades, result, "canvas")
     _write(out, header, rows)
     return result
 
@@ -296,15 +518,28 @@ def _moodle_date(when: datetime | None) -> str:
     return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _feedback(g: LessonGrades, entry: dict) -> str:
-    parts = [
-        f"{_exercise(name)} {_points(entry['scores'].get(name, 0.0))}/{_points(top)}"
-        for _, name, top in g.cells
-    ]
-    text = f"{_points(entry['total'])}/{_points(g.max_score)}: " + ", ".join(parts)
+def feedback_text(g: LessonGrades, entry: dict, top: float | None = None) -> str:
+    """One student's points per exercise and why each failed test failed (one line)."""
+    parts = []
+    for _, name, cell_max in g.cells:
+        score = entry["scores"].get(name)
+        shown = "not graded yet" if score is None else _points(score)
+        part = f"{_exercise(name)} {shown}/{_points(cell_max)}"
+        if name in entry["messages"] and (score or 0) < cell_max:
+            part += f" ({entry['messages'][name]})"
+        parts.append(part)
+    text = f"{_points(entry['total'] + entry['penalty'])}/{_points(g.max_score)}: " + ", ".join(
+        parts
+    )
+    if entry["penalty"]:
+        days = entry["seconds_late"] / 86400
+        text += f"; late ({days:.1f} days): -{_points(entry['penalty'])}"
+    if top is not None and abs(top - g.max_score) > 1e-9:
+        text += f"; {_points(entry['total'])}/{_points(g.max_score)} scaled to "
+        text += f"{_points(entry['total'] * top / g.max_score)}/{_points(top)}"
     if entry["reason"]:
         text += f" ({entry['status']}: {entry['reason']})"
-    if entry["manual"]:
+    if entry["ungraded"]:
         text += " (written answers not graded yet)"
     return text
 
@@ -316,25 +551,32 @@ def export_moodle(
     db_url: str | None = None,
     roster: Path | None = None,
     now: datetime | None = None,
+    points_possible: float | None = None,
 ) -> LmsExport:
     """Write the offline grading worksheet of one lesson (see the module docstring).
 
     ``now`` is the ``Last modified (grade)`` written (default: the time of export), so Moodle
-    takes these grades over ones it had before.
+    takes these grades over ones it had before. ``points_possible``: the Moodle assignment's
+    maximum grade (default: the worksheet given at intake).
     """
     students, (g,) = collect(root, [lesson], db_url)
-    idents = identities(root, lesson, roster)
-    graded_at = _moodle_date(now or datetime.now(UTC))
     result = LmsExport()
+    given = {} if points_possible is None else {lesson: points_possible}
+    top = _scale(g, "moodle", root, given, {}, result)
+    factor = top / g.max_score if g.max_score else 1.0
+    got = lms_identities(root, lesson, "moodle", roster)
+    _refuse_or_warn("moodle", got, set(g.students), result)
+    idents = got.found
+    graded_at = _moodle_date(now or datetime.now(UTC))
     rows = []
-    for sid in sorted(set(students) | set(idents)):
+    for sid in sorted((set(students) | set(idents)) - set(result.not_exported)):
         lms_id = _lms_id(sid, idents)
         if lms_id is None:
             result.warnings.append(f"{sid}: no Moodle participant number in the roster: skipped")
             continue
         ident = idents.get(sid, {})
         entry = g.students.get(sid)
-        grade = _graded_total(entry, lesson, sid, result)
+        grade = _graded_total(entry, lesson, sid, result, factor)
         rows.append(
             {
                 "Identifier": f"Participant {lms_id}",
@@ -344,13 +586,71 @@ def export_moodle(
                 if entry is None
                 else ("Submitted for grading - Graded" if grade else "Submitted for grading"),
                 "Grade": f"{float(grade):.2f}" if grade else "",
-                "Maximum Grade": f"{g.max_score:.2f}",
+                "Maximum Grade": f"{top:.2f}",
                 "Grade can be changed": "Yes",
                 "Last modified (submission)": _moodle_date(entry["timestamp"]) if entry else "",
                 "Last modified (grade)": graded_at if grade else "",
-                "Feedback comments": _feedback(g, entry) if entry and grade else "",
+                "Feedback comments": feedback_text(g, entry, top) if entry and grade else "",
             }
         )
         result.rows += 1
+    _late_warning([g], result, "moodle")
     _write(out, MOODLE_COLUMNS, rows)
     return result
+
+
+class _LmsExportPlugin(ExportPlugin):
+    """Common settings of the course's LMS export plugins (``nbgrader export --exporter=...``)."""
+
+    roster = Unicode("", help="roster CSV (default: the one used at intake)").tag(config=True)
+    assignment_ids = Dict(
+        {}, help="{lesson: LMS assignment id} (Canvas's column 'LESSON (ID)')"
+    ).tag(config=True)
+    points_possible = Dict({}, help="{lesson: the LMS assignment's maximum}").tag(config=True)
+
+    def _args(self, gradebook) -> tuple[Path, str, Path | None]:
+        db_url = gradebook.engine.url.render_as_string(hide_password=False)
+        return Path.cwd(), db_url, Path(self.roster) if self.roster else None
+
+    def _report(self, result: LmsExport) -> None:
+        for line in result.warnings:
+            self.log.warning(line)
+
+
+class CanvasExportPlugin(_LmsExportPlugin):
+    """nbgrader export plugin writing Canvas's gradebook import CSV (see the module docstring)."""
+
+    def export(self, gradebook) -> None:
+        """Write ``self.to`` (default ``canvas.csv``) for ``self.assignment`` (default: all)."""
+        root, db_url, roster = self._args(gradebook)
+        result = export_canvas(
+            root,
+            Path(self.to or "canvas.csv"),
+            [str(a) for a in self.assignment] or None,
+            db_url,
+            {k: str(v) for k, v in self.assignment_ids.items()},
+            roster,
+            {k: float(v) for k, v in self.points_possible.items()},
+        )
+        self._report(result)
+
+
+class MoodleExportPlugin(_LmsExportPlugin):
+    """nbgrader export plugin writing one lesson's Moodle offline grading worksheet."""
+
+    def export(self, gradebook) -> None:
+        """Write ``self.to`` (default ``moodle.csv``) for the one lesson in ``self.assignment``."""
+        if len(self.assignment) != 1:
+            raise ValueError("a Moodle grading worksheet is per assignment: give one --assignment")
+        root, db_url, roster = self._args(gradebook)
+        lesson = str(self.assignment[0])
+        top = self.points_possible.get(lesson)
+        result = export_moodle(
+            root,
+            Path(self.to or "moodle.csv"),
+            lesson,
+            db_url,
+            roster,
+            points_possible=None if top is None else float(top),
+        )
+        self._report(result)

@@ -8,47 +8,88 @@ work too):
 
 * Canvas: ``<name>[_LATE]_<userid>_<submissionid>_<filename>`` e.g.
   ``doejane_12345_67890_02-loss-scaling.ipynb`` (Canvas may append ``-1``, ``-2`` to a re-upload's
-  file name: ``02-loss-scaling-1.ipynb``);
-* Moodle: ``<Full Name>_<userid>_assignsubmission_file_<filename>`` (as a file name or as the
-  folder holding the file).
+  file name: ``02-loss-scaling-1.ipynb``); ``_LATE`` is Canvas's late mark, kept;
+* Moodle: ``<Full Name>_<id>_assignsubmission_file_<filename>`` (a file name, or before 4.1 the
+  folder ``..._assignsubmission_file_/``), or Moodle >= 4.1's "download as folders" layout
+  ``<Full Name>_<id>_assignsubmission_file/<filename>``. ``<id>`` is Moodle's participant number
+  (the ``Participant <id>`` of its grading worksheet).
 
 ``<userid>`` is mapped to a student id through the roster CSV if one is given (columns
-``student_id`` and ``lms_id``), else it is the student id itself. The roster's optional columns
+``student_id`` and ``lms_id``; an optional ``lms`` column, ``canvas`` or ``moodle``, says which
+LMS a row's id belongs to), else it is the student id itself. The roster's optional columns
 ``name, email, sis_user_id, sis_login_id, section`` are what ``export --format canvas|moodle``
-writes back; intake keeps a copy of the roster it used as ``intake/<lesson>/roster.csv`` and each
-placed student's LMS identity read from the file name (``canvas`` or ``moodle``, the LMS id, the
-name) in ``intake/<lesson>/identities.json``, so grades go back to the LMS they came from.
+writes back, ``submitted_at`` (ISO 8601) a submission time, ``extension_days`` /
+``extension_hours`` a student's extension (see :mod:`grader.late`). Intake keeps a copy of the
+roster it used as ``intake/<lesson>/roster.csv`` and each placed student's LMS identity read from
+the file name (``canvas``, ``moodle`` or ``exchange``, the LMS id, the name, Canvas's late mark,
+where the submission time came from) in ``intake/<lesson>/identities.json``, so grades go back
+to the LMS they came from.
+
+The LMS's own download can be given too (``sheet``): Moodle's offline grading worksheet (its
+``Last modified (submission)`` column is the submission time, which Moodle's zip does not carry;
+its ``Maximum Grade`` the points the assignment is worth) or Canvas's gradebook export (its
+``Points Possible`` row). Both are kept as ``intake/<lesson>/lms-<lms>.csv`` for ``export``.
+Moodle writes the worksheet's column titles and dates in the downloader's interface language:
+only an English one is read (a clear error says so otherwise).
+
 A file is *unmapped* (reported, not used) when its name matches neither pattern, its user id is
 not in the roster, the resulting id has path characters, or it is not a notebook. When a student
 has several notebooks in one zip, the one with the highest submission id (Canvas) or the latest
 date in the zip wins and the others are reported as superseded.
 
+Submission times
+----------------
+``timestamp.txt`` (what ``nbgrader autograde`` puts into the gradebook) holds the submission
+time in UTC: Moodle's from the worksheet, else the roster's ``submitted_at``, else the zip
+entry's time read in ``timezone`` (the LMS server's zone: a zip stores local times without one),
+which for Canvas is not known to be the submission time (Canvas's zip only marks late work with
+``_LATE``; :mod:`grader.late` uses the mark when no time is given). The report says which
+source each student's time came from. From the exchange, nbgrader's own ``timestamp.txt`` and
+``submission_secret.txt`` are kept verbatim (``release_feedback`` needs the secret).
+
 Safety
 ------
 Every entry is first copied, as received, into ``intake/<lesson>/<timestamp>/`` (names are
 sanitised; nothing is ever extracted by the name the zip gives). ``submitted/`` gets only the
-notebook, as ``<lesson>.ipynb`` with a ``timestamp.txt``. An existing, different submission is
-not overwritten unless ``replace=True``, and then it is first moved to
-``intake/<lesson>/replaced/``.
+notebook, as ``<lesson>.ipynb`` with a ``timestamp.txt`` (and from the exchange its
+``submission_secret.txt``). An existing, different submission is not overwritten unless
+``replace=True``, and then it is first moved to ``intake/<lesson>/replaced/``.
+
+Why not ``nbgrader zip_collect``: it matches one file-name regex per run with no roster, and
+refuses a non-empty ``submitted/`` folder unless ``--force`` deletes it; intake keeps the
+archive, the ``--replace`` rule, superseded uploads, the roster and the LMS identities.
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import re
 import shutil
 import zipfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
+from zoneinfo import ZoneInfo
 
 from grader.autograde import valid_student_id
 
 CANVAS = re.compile(
-    r"^(?P<name>[^_/]+?)(?:_LATE)?_(?P<user>\d+)_(?P<sub>\d+)_(?P<file>.+)$", re.IGNORECASE
+    r"^(?P<name>[^_/]+?)(?P<late>_LATE)?_(?P<user>\d+)_(?P<sub>\d+)_(?P<file>.+)$", re.IGNORECASE
 )
-MOODLE = re.compile(r"^(?P<name>.+?)_(?P<user>\d+)_assignsubmission_file_(?P<file>.*)$")
+#: Moodle: ``<Full Name>_<id>_assignsubmission_file_<file>`` (a file, or before 4.1 a folder
+#: ``..._file_/``), or since 4.1 the folder ``<Full Name>_<id>_assignsubmission_file/``.
+MOODLE = re.compile(r"^(?P<name>.+?)_(?P<user>\d+)_assignsubmission_file(?:_(?P<file>.*))?$")
+#: The English titles of the Moodle worksheet's columns that intake reads.
+MOODLE_SHEET = ("Identifier", "Full name", "Last modified (submission)", "Maximum Grade")
+#: Moodle's English date formats (langconfig ``strftimedaydatetime`` and relatives).
+MOODLE_DATES = (
+    "%A, %d %B %Y, %I:%M %p",
+    "%A, %d %B %Y, %H:%M",
+    "%d %B %Y, %I:%M %p",
+    "%d/%m/%Y, %H:%M",
+)
 
 
 @dataclass
@@ -60,15 +101,19 @@ class IntakeReport:
     kept_existing: list[tuple[str, str]] = field(default_factory=list)
     superseded: list[tuple[str, str]] = field(default_factory=list)
     unmapped: list[tuple[str, str]] = field(default_factory=list)  # (file, reason)
+    times: dict[str, str] = field(default_factory=dict)  # student: "<UTC time> (source)"
+    warnings: list[str] = field(default_factory=list)
     archive: Path | None = None
 
     def lines(self) -> list[str]:
+        """The report, one line per file (and a line per warning)."""
         out = [
             f"placed {len(self.placed)} submission(s); archive of everything received: "
             f"{self.archive}"
         ]
         for student, src in self.placed:
-            out.append(f"  placed      {student:<20} <- {src}")
+            when = f"  [{self.times[student]}]" if student in self.times else ""
+            out.append(f"  placed      {student:<20} <- {src}{when}")
         for student, src in self.unchanged:
             out.append(f"  unchanged   {student:<20} <- {src} (same file already submitted)")
         for student, src in self.kept_existing:
@@ -82,6 +127,7 @@ class IntakeReport:
             )
         for src, why in self.unmapped:
             out.append(f"  UNMAPPED    {src}: {why}")
+        out += [f"WARNING: {w}" for w in self.warnings]
         return out
 
 
@@ -89,24 +135,136 @@ class IntakeReport:
 ROSTER_EXTRA = ("name", "email", "sis_user_id", "sis_login_id", "section")
 
 
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        return [
+            {(k or "").strip(): (v or "").strip() for k, v in row.items() if k}
+            for row in csv.DictReader(fh)
+        ]
+
+
 def read_roster_rows(path: Path) -> list[dict[str, str]]:
     """The roster's rows (stripped values); needs the columns ``student_id`` and ``lms_id``."""
-    with open(path, newline="", encoding="utf-8-sig") as fh:
-        rows = list(csv.DictReader(fh))
+    rows = _read_csv(path)
     if rows and not {"student_id", "lms_id"} <= set(rows[0]):
         raise ValueError(f"{path}: the roster needs the columns student_id and lms_id")
-    return [
-        {k.strip(): (v or "").strip() for k, v in r.items() if k}
-        for r in rows
-        if (r.get("student_id") or "").strip()
-    ]
+    for row in rows:
+        lms = row.get("lms", "").lower()
+        if lms not in ("", "canvas", "moodle"):
+            raise ValueError(
+                f"{path}: lms {row['lms']!r} (student {row['student_id']}) is not canvas or moodle"
+            )
+        row["lms"] = lms
+    return [r for r in rows if r.get("student_id")]
 
 
-def read_roster(path: Path | None) -> dict[str, str] | None:
-    """``{lms_id: student_id}`` from a CSV with ``student_id`` and ``lms_id`` columns."""
+def read_roster(path: Path | None, lms: str | None = None) -> dict[str, str] | None:
+    """``{lms_id: student_id}`` from a roster CSV (rows of ``lms``, or with no ``lms`` column)."""
     if path is None:
         return None
-    return {r["lms_id"]: r["student_id"] for r in read_roster_rows(path) if r.get("lms_id")}
+    return {
+        r["lms_id"]: r["student_id"]
+        for r in read_roster_rows(path)
+        if r.get("lms_id") and r.get("lms", "") in ("", lms or "")
+    }
+
+
+def sheet_kind(path: Path) -> str:
+    """``roster``, ``moodle`` (offline grading worksheet) or ``canvas`` (gradebook export)."""
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        header = [h.strip() for h in next(csv.reader(fh), [])]
+    if {"student_id", "lms_id"} <= set(header):
+        return "roster"
+    if set(MOODLE_SHEET) <= set(header):
+        return "moodle"
+    if header[:2] == ["Student", "ID"]:
+        return "canvas"
+    raise ValueError(
+        f"{path}: neither a roster (columns student_id, lms_id), Moodle's offline grading "
+        "worksheet (columns " + ", ".join(MOODLE_SHEET) + ") nor Canvas's gradebook export "
+        "(columns Student, ID, ...). Moodle titles the worksheet's columns in the interface "
+        "language of whoever downloads it: download it with Moodle set to English."
+    )
+
+
+@dataclass
+class LmsSheet:
+    """What the LMS's own download says: identities, submission times, points possible."""
+
+    lms: str
+    rows: dict[str, dict[str, str]] = field(default_factory=dict)  # lms id: row
+    #: Moodle: ``{"": maximum grade}``; Canvas: ``{assignment column: points possible}``
+    points: dict[str, float] = field(default_factory=dict)
+    submitted: dict[str, datetime] = field(default_factory=dict)  # lms id: UTC time
+
+
+def _moodle_time(text: str, zone: ZoneInfo) -> datetime | None:
+    text = text.strip()
+    if not text or text == "-":
+        return None
+    for fmt in MOODLE_DATES:
+        try:
+            return datetime.strptime(text, fmt).replace(tzinfo=zone).astimezone(UTC)
+        except ValueError:
+            continue
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"Moodle date {text!r} not understood: download the worksheet with Moodle's "
+            "interface in English (it writes dates in the downloader's language)"
+        ) from None
+    return (when if when.tzinfo else when.replace(tzinfo=zone)).astimezone(UTC)
+
+
+def read_lms_sheet(path: Path, timezone: str = "UTC") -> LmsSheet:
+    """Read Moodle's offline grading worksheet or Canvas's gradebook export (see module doc)."""
+    kind = sheet_kind(path)
+    zone = ZoneInfo(timezone)
+    if kind == "moodle":
+        sheet = LmsSheet("moodle")
+        for row in _read_csv(path):
+            m = re.fullmatch(r"Participant (\d+)", row.get("Identifier", ""))
+            if not m:
+                continue
+            sheet.rows[m[1]] = {
+                "name": row.get("Full name", ""),
+                "email": row.get("Email address", ""),
+            }
+            when = _moodle_time(row.get("Last modified (submission)", ""), zone)
+            if when is not None:
+                sheet.submitted[m[1]] = when
+            if row.get("Maximum Grade"):
+                sheet.points[""] = float(row["Maximum Grade"].replace(",", "."))
+        return sheet
+    if kind == "canvas":
+        sheet = LmsSheet("canvas")
+        fixed = {
+            "Student",
+            "ID",
+            "SIS User ID",
+            "SIS Login ID",
+            "Integration ID",
+            "Section",
+            "Root Account",
+        }
+        for row in _read_csv(path):
+            if row.get("Student") == "Points Possible":
+                for col, value in row.items():
+                    if col not in fixed and value:
+                        try:
+                            sheet.points[col] = float(value)
+                        except ValueError:
+                            continue
+            elif row.get("ID", "").isdigit():
+                sheet.rows[row["ID"]] = {
+                    "name": row.get("Student", ""),
+                    "sis_user_id": row.get("SIS User ID", ""),
+                    "sis_login_id": row.get("SIS Login ID", ""),
+                    "section": row.get("Section", ""),
+                }
+        return sheet
+    raise ValueError(f"{path} is a roster, not an LMS download")
 
 
 def roster_copy_path(root: Path, lesson: str) -> Path:
@@ -114,22 +272,39 @@ def roster_copy_path(root: Path, lesson: str) -> Path:
     return root / "intake" / lesson / "roster.csv"
 
 
+def sheet_copy_path(root: Path, lesson: str, lms: str) -> Path:
+    """Where intake keeps the LMS's own download (worksheet / gradebook export) for ``lesson``."""
+    return root / "intake" / lesson / f"lms-{lms}.csv"
+
+
 def identities_path(root: Path, lesson: str) -> Path:
-    """Where intake keeps ``{student: {"lms", "lms_id", "name"}}`` read from LMS file names."""
+    """Where intake keeps ``{student: {"lms", "lms_id", "name", ...}}`` read at intake."""
     return root / "intake" / lesson / "identities.json"
 
 
 def lms_identity(entry: str) -> dict[str, str] | None:
-    """``{"lms": "canvas"|"moodle", "lms_id", "name"}`` from a zip entry name, or None."""
+    """``{"lms": "canvas"|"moodle", "lms_id", "name"}`` from a zip entry name, or None.
+
+    Canvas entries also get ``"late": "yes"|"no"`` (Canvas's ``_LATE`` mark).
+    """
     parts = PurePosixPath(entry.replace("\\", "/")).parts
     name = parts[-1] if parts else ""
     m = CANVAS.match(name)
     if m:
-        return {"lms": "canvas", "lms_id": m["user"], "name": m["name"]}
+        late = "yes" if m["late"] else "no"
+        prefix = name[: m.start("file")]  # <name>[_LATE]_<userid>_<submissionid>_
+        return {
+            "lms": "canvas",
+            "lms_id": m["user"],
+            "name": m["name"],
+            "late": late,
+            "prefix": prefix,
+        }
     for part in reversed(parts):
         m = MOODLE.match(part)
         if m:
-            return {"lms": "moodle", "lms_id": m["user"], "name": m["name"]}
+            prefix = f"{m['name']}_{m['user']}_"  # Moodle's folder: <prefix>assignsubmission_file
+            return {"lms": "moodle", "lms_id": m["user"], "name": m["name"], "prefix": prefix}
     return None
 
 
@@ -154,23 +329,37 @@ def _safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.@+-]", "_", text).lstrip(".")[:150] or "file"
 
 
+def utc_stamp(when: datetime) -> str:
+    """A ``timestamp.txt`` line nbgrader reads back (``YYYY-MM-DD HH:MM:SS.ffffff UTC``)."""
+    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+
+
 def place(
     root: Path,
     lesson: str,
     student: str,
     data: bytes,
-    when: datetime,
+    when: datetime | str,
     source: str,
     report: IntakeReport,
     replace: bool,
     archive: Path,
+    extra: dict[str, bytes] | None = None,
 ) -> None:
-    """Put one notebook into ``submitted/`` (or report why not)."""
+    """Put one notebook into ``submitted/`` (or report why not).
+
+    ``when`` is the submission time (or ``timestamp.txt``'s text, kept verbatim); ``extra`` are
+    files placed beside the notebook as received (the exchange's ``submission_secret.txt``).
+    """
     folder = root / "submitted" / student / lesson
     target = folder / f"{lesson}.ipynb"
+    stamp = when if isinstance(when, str) else utc_stamp(when)
     if target.is_file():
         if hashlib.sha256(target.read_bytes()).digest() == hashlib.sha256(data).digest():
             report.unchanged.append((student, source))
+            old = folder / "timestamp.txt"
+            if not old.is_file() or old.read_text() != stamp:  # a better-known time (worksheet)
+                old.write_text(stamp)
             return
         if not replace:
             report.kept_existing.append((student, source))
@@ -182,15 +371,29 @@ def place(
     tmp = folder / f".{lesson}.ipynb.part"
     tmp.write_bytes(data)
     tmp.replace(target)
-    (folder / "timestamp.txt").write_text(when.strftime("%Y-%m-%d %H:%M:%S.%f %Z").strip())
+    (folder / "timestamp.txt").write_text(stamp)
+    for name, content in (extra or {}).items():
+        (folder / name).write_bytes(content)
     report.placed.append((student, source))
 
 
 def intake_zip(
-    root: Path, lesson: str, zip_path: Path, roster: Path | None = None, replace: bool = False
+    root: Path,
+    lesson: str,
+    zip_path: Path,
+    roster: Path | None = None,
+    replace: bool = False,
+    sheet: Path | None = None,
+    timezone: str = "UTC",
 ) -> IntakeReport:
-    """Intake an LMS zip download for ``lesson``; see the module docstring."""
-    mapping = read_roster(roster)
+    """Intake an LMS zip download for ``lesson``; see the module docstring.
+
+    ``sheet`` is the LMS's own download (Moodle's grading worksheet, Canvas's gradebook export);
+    ``timezone`` the zone the LMS wrote local times in (zip entries, Moodle's dates).
+    """
+    rows = read_roster_rows(roster) if roster is not None else None
+    lms_sheet = read_lms_sheet(sheet, timezone) if sheet is not None else None
+    zone = ZoneInfo(timezone)
     report = IntakeReport()
     archive = root / "intake" / lesson / f"{datetime.now(UTC):%Y%m%dT%H%M%S%f}"
     archive.mkdir(parents=True)
@@ -203,15 +406,21 @@ def intake_zip(
                 continue
             data = zf.read(info)
             (archive / f"{n:04d}-{_safe_name(info.filename)}").write_bytes(data)
-            when = datetime(*info.date_time, tzinfo=UTC)
+            when = datetime(*info.date_time, tzinfo=zone).astimezone(UTC)
             parsed = parse_lms_name(info.filename)
-            if parsed is None:
+            ident = lms_identity(info.filename)
+            if parsed is None or ident is None:
                 report.unmapped.append(
                     (info.filename, "name matches neither the Canvas nor the Moodle pattern")
                 )
                 continue
             user, order, fname = parsed
-            if mapping is not None:
+            if rows is not None:
+                mapping = {
+                    r["lms_id"]: r["student_id"]
+                    for r in rows
+                    if r.get("lms_id") and r["lms"] in ("", ident["lms"])
+                }
                 if user not in mapping:
                     report.unmapped.append((info.filename, f"LMS id {user} is not in the roster"))
                     continue
@@ -240,29 +449,68 @@ def intake_zip(
                     report.superseded.append((student, info.filename))
                     continue
             best[student] = (key, info.filename, data, when)
+    by_student = {r["student_id"]: r for r in rows or []}
+    sources: dict[str, str] = {}
     for student, (_, source, data, when) in sorted(best.items()):
+        ident = lms_identity(source) or {}
+        given = by_student.get(student, {}).get("submitted_at")
+        if ident.get("lms") == "moodle" and lms_sheet and ident["lms_id"] in lms_sheet.submitted:
+            when, sources[student] = lms_sheet.submitted[ident["lms_id"]], "Moodle worksheet"
+        elif given:
+            parsed_at = datetime.fromisoformat(given)
+            when = (parsed_at if parsed_at.tzinfo else parsed_at.replace(tzinfo=zone)).astimezone(
+                UTC
+            )
+            sources[student] = "roster submitted_at"
+        else:
+            sources[student] = f"zip entry time read in {timezone}"
+            if ident.get("lms") == "moodle":
+                report.warnings.append(
+                    f"{student}: Moodle's zip has no submission time: give its grading worksheet "
+                    "(--roster worksheet.csv) for the time Moodle recorded"
+                )
+        report.times[student] = f"{utc_stamp(when)} from the {sources[student]}"
         place(root, lesson, student, data, when, source, report, replace, archive)
-    _keep_identities(root, lesson, roster, best, report)
+    _keep_identities(root, lesson, roster, best, report, sources, lms_sheet)
+    if lms_sheet is not None:
+        dest = sheet_copy_path(root, lesson, lms_sheet.lms)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(sheet, dest)
     return report
 
 
 def _keep_identities(
-    root: Path, lesson: str, roster: Path | None, best: dict, report: IntakeReport
+    root: Path,
+    lesson: str,
+    roster: Path | None,
+    best: dict,
+    report: IntakeReport,
+    sources: dict[str, str],
+    lms_sheet: LmsSheet | None,
 ) -> None:
     """Keep the roster used and the LMS identity of each student whose file is in submitted/."""
-    import json
-
     dest = roster_copy_path(root, lesson)
     if roster is not None and roster.resolve() != dest.resolve():
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(roster, dest)
-    path = identities_path(root, lesson)
-    known = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     current = {s for s, _ in report.placed + report.unchanged}
+    found = {}
     for student, (_, source, _, _) in best.items():
         ident = lms_identity(source)
         if student in current and ident:
-            known[student] = ident
+            found[student] = {**ident, "time_source": sources.get(student, "")}
+            if lms_sheet and lms_sheet.lms == ident["lms"]:  # the LMS's own name and e-mail
+                found[student].update(
+                    {k: v for k, v in lms_sheet.rows.get(ident["lms_id"], {}).items() if v}
+                )
+    update_identities(root, lesson, found)
+
+
+def update_identities(root: Path, lesson: str, found: dict[str, dict[str, str]]) -> None:
+    """Record (replace) the identities of ``found`` students in ``identities.json``."""
+    path = identities_path(root, lesson)
+    known = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    known.update(found)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".part")
     tmp.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n", encoding="utf-8")
@@ -279,13 +527,16 @@ def intake_exchange(
     """Intake from nbgrader's exchange (``inbound/``) without nbgrader collect's overwrites.
 
     The exchange holds ``<course>/inbound/<student>+<lesson>+<timestamp>[+random]/``; for each
-    student the latest is taken.
+    student the latest is taken, its ``timestamp.txt`` and ``submission_secret.txt`` kept
+    verbatim. ``exchange`` defaults to nbgrader's ``Exchange.root`` in the course's config.
     """
+    from grader.courseconfig import exchange_root
+
     report = IntakeReport()
     archive = root / "intake" / lesson / f"{datetime.now(UTC):%Y%m%dT%H%M%S%f}"
     archive.mkdir(parents=True)
     report.archive = archive
-    base = exchange or Path("/srv/nbgrader/exchange")
+    base = exchange or exchange_root(root)
     inbound = base / course_id / "inbound"
     if not inbound.is_dir():
         report.unmapped.append((str(inbound), "no such exchange inbound folder"))
@@ -309,13 +560,29 @@ def intake_exchange(
         if student in latest:
             report.superseded.append((student, latest[student][1].name))
         latest[student] = (stamp, entry)
+    found = {}
     for student, (stamp, entry) in sorted(latest.items()):
         shutil.copytree(entry, archive / _safe_name(entry.name))
         data = (entry / f"{lesson}.ipynb").read_bytes()
-        try:
-            when = datetime.fromisoformat(stamp.removesuffix(" UTC").replace(" ", "T"))
-            when = when.replace(tzinfo=UTC)
-        except ValueError:
-            when = datetime.now(UTC)
-        place(root, lesson, student, data, when, entry.name, report, replace, archive)
+        kept = entry / "timestamp.txt"
+        when: datetime | str = kept.read_text() if kept.is_file() else stamp
+        extra = {}
+        secret = entry / "submission_secret.txt"
+        if secret.is_file():
+            extra["submission_secret.txt"] = secret.read_bytes()
+        else:
+            report.warnings.append(
+                f"{student}: no submission_secret.txt in {entry.name}: nbgrader release_feedback "
+                "cannot return feedback to this student"
+            )
+        report.times[student] = f"{str(when).strip()} from the exchange"
+        place(root, lesson, student, data, when, entry.name, report, replace, archive, extra)
+        if student in {s for s, _ in report.placed + report.unchanged}:
+            found[student] = {
+                "lms": "exchange",
+                "lms_id": student,
+                "name": student,
+                "time_source": "exchange",
+            }
+    update_identities(root, lesson, found)
     return report

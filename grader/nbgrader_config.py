@@ -25,6 +25,19 @@ c.Execute.raise_on_iopub_timeout = True
 # Feedback never shows hidden tests (they hold reference implementations): see grader/feedback.py.
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
+    "grader.feedback.MarkUngraded",
     "grader.feedback.StripHiddenTests",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]
+
+# Late work (see grader/late.py): the assignment's duedate and each student's extension live in
+# the gradebook; the penalty is this nbgrader LateSubmissionPlugin. The course's policy: 10% of
+# the score per day or part of a day late, at most 50%. Turn off the LMS's own late policy.
+c.AssignLatePenalties.plugin_class = "grader.late.PenaltyPerDay"
+c.PenaltyPerDay.per_day = 0.1
+c.PenaltyPerDay.cap = 0.5
+c.PenaltyPerDay.grace_minutes = 0
+
+# nbgrader's exchange (JupyterHub courses): one root for nbgrader, formgrader and `intake
+# --exchange` (this is nbgrader's own default).
+c.Exchange.root = "/usr/local/share/nbgrader/exchange"

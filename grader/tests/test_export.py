@@ -124,6 +124,9 @@ def _class(root: Path, lms: str) -> Path:
     return root
 
 
+TOP = sum(POINTS.values()) + WRITTEN[1]
+
+
 def _rows(path: Path) -> list[list[str]]:
     with open(path, newline="", encoding="utf-8") as fh:
         return list(csv.reader(fh))
@@ -136,11 +139,13 @@ def _total(student: str) -> float:
 def test_canvas_gradebook_import_csv(tmp_path):
     root = _class(tmp_path / "course", "canvas")
     out = tmp_path / "canvas.csv"
-    result = export_canvas(root, out, [LESSON], assignment_ids={LESSON: "4242"})
+    result = export_canvas(
+        root, out, [LESSON], assignment_ids={LESSON: "4242"}, points_possible={LESSON: TOP}
+    )
     rows = _rows(out)
     assert rows[0] == [*CANVAS_HEADER, f"{LESSON} (4242)"]
     assert rows[1][0].strip() == "Points Possible" and rows[1][1:5] == ["", "", "", ""]
-    assert float(rows[1][5]) == sum(POINTS.values()) + WRITTEN[1]
+    assert float(rows[1][5]) == TOP
     by_id = {r[1]: r for r in rows[2:]}
     assert set(by_id) == {lms_id for lms_id, *_ in ROSTER.values()}, "a roster student is missing"
     for student, (lms_id, name, _, sis_user, sis_login, section) in ROSTER.items():
@@ -158,7 +163,7 @@ def test_moodle_offline_grading_worksheet(tmp_path):
     root = _class(tmp_path / "course", "moodle")
     out = tmp_path / "moodle.csv"
     now = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
-    export_moodle(root, out, LESSON, now=now)
+    export_moodle(root, out, LESSON, now=now, points_possible=TOP)
     rows = _rows(out)
     assert rows[0] == MOODLE_HEADER
     got = {r[0]: dict(zip(MOODLE_HEADER, r, strict=True)) for r in rows[1:]}
@@ -186,14 +191,13 @@ def test_moodle_offline_grading_worksheet(tmp_path):
 
 def test_export_command_writes_each_format_and_checks_its_arguments(tmp_path, capsys):
     root = _class(tmp_path / "course", "canvas")
-    base = ["export", "--root", str(root), "--lesson", LESSON]
+    base = ["export", "--root", str(root), "--lesson", LESSON, "--points-possible", "14"]
     out = tmp_path / "c.csv"
     args = [*base, "--format", "canvas", "--out", str(out), "--lms-assignment", f"{LESSON}=77"]
     assert main(args) == 0
     assert _rows(out)[0][-1] == f"{LESSON} (77)"
-    assert main([*base, "--format", "moodle", "--out", str(tmp_path / "m.csv")]) == 0
-    assert _rows(tmp_path / "m.csv")[1][0] == "Participant 1001"
     assert main([*base, "--format", "canvas", "--lms-assignment", "77"]) == 2
+    assert main([*base, "--format", "canvas", "--points-possible", "x"]) == 2
     assert main(["export", "--root", str(root), "--format", "moodle"]) == 2
     assert "one --lesson" in capsys.readouterr().err
 
@@ -211,3 +215,184 @@ def test_without_a_roster_the_lms_id_is_the_student_id(tmp_path, lms):
 
     assert identities(root, LESSON)["1003"]["lms_id"] == "1003"
     assert not roster_copy_path(root, LESSON).exists()
+
+
+def test_an_export_never_sends_one_lms_ids_to_another(tmp_path, capsys):
+    """Students who came from Canvas have no Moodle participant number: refused, and named."""
+    root = _class(tmp_path / "course", "canvas")
+    with pytest.raises(ValueError) as err:
+        export_moodle(root, tmp_path / "m.csv", LESSON, points_possible=TOP)
+    for student in DESERVED:
+        assert student in str(err.value)
+    assert "canvas" in str(err.value)
+    assert not (tmp_path / "m.csv").exists()
+    base = ["export", "--root", str(root), "--lesson", LESSON, "--points-possible", "14"]
+    assert main([*base, "--format", "moodle", "--out", str(tmp_path / "m.csv")]) == 2
+    assert "alice (came from canvas as id 1001)" in capsys.readouterr().err
+    # A roster given to the export maps them: then they go, under the roster's ids.
+    roster = tmp_path / "moodle-roster.csv"
+    roster.write_text(
+        "student_id,lms_id,lms,name\nalice,501,moodle,A S\nbob,502,moodle,B J\ncarol,503,,C L\n"
+    )
+    result = export_moodle(root, tmp_path / "m.csv", LESSON, roster=roster, points_possible=TOP)
+    ids = {r[0] for r in _rows(tmp_path / "m.csv")[1:]}
+    assert {"Participant 501", "Participant 502", "Participant 503"} <= ids
+    assert "Participant 1001" not in ids and not result.not_exported
+
+
+def test_a_class_from_two_lmses_goes_back_each_to_its_own(tmp_path):
+    root = _class(tmp_path / "course", "canvas")
+    archive = tmp_path / "moodle.zip"
+    with zipfile.ZipFile(archive, "w") as zf:  # carol resubmits through Moodle
+        zf.writestr(f"Carol Lee_77_assignsubmission_file/{LESSON}.ipynb", b'{"cells": [1]}')
+    roster = tmp_path / "r.csv"
+    roster.write_text("student_id,lms_id,lms\ncarol,77,moodle\n")
+    intake_zip(root, LESSON, archive, roster, replace=True)
+    result = export_canvas(root, tmp_path / "c.csv", [LESSON], points_possible={LESSON: TOP})
+    ids = {r[1] for r in _rows(tmp_path / "c.csv")[2:]}
+    assert "1003" not in ids and "77" not in ids and {"1001", "1002"} <= ids
+    assert result.not_exported == {"carol": "came from moodle as Participant 77"}
+    assert any("not exported to Canvas" in w and "carol" in w for w in result.warnings)
+    export_moodle(root, tmp_path / "m.csv", LESSON, points_possible=TOP)
+    assert [r[0] for r in _rows(tmp_path / "m.csv")[1:]] == ["Participant 77"]
+
+
+def test_points_are_scaled_to_the_lms_maximum_or_refused(tmp_path):
+    root = _class(tmp_path / "course", "canvas")
+    out = tmp_path / "c.csv"
+    with pytest.raises(ValueError, match="--points-possible"):
+        export_canvas(root, out, [LESSON])
+    result = export_canvas(root, out, [LESSON], points_possible={LESSON: 100})
+    rows = _rows(out)
+    assert float(rows[1][5]) == 100
+    by_id = {r[1]: r for r in rows[2:]}
+    assert float(by_id["1001"][5]) == pytest.approx(round(_total("alice") * 100 / TOP, 2))
+    assert float(by_id["1003"][5]) == pytest.approx(round(_total("carol") * 100 / TOP, 2))
+    assert any("scaled from 14 points" in w and "100" in w for w in result.warnings)
+
+
+def test_moodle_maximum_grade_read_from_its_worksheet(tmp_path):
+    """The worksheet given at intake (as --roster) holds Moodle's own maximum grade."""
+    root = tmp_path / "course"
+    root.mkdir()
+    archive = tmp_path / "m.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr(f"Carol Lee_1003_assignsubmission_file/{LESSON}.ipynb", b"{}")
+    sheet = tmp_path / "worksheet.csv"
+    with open(sheet, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(MOODLE_HEADER)
+        w.writerow(
+            [
+                "Participant 1003",
+                "Carol Lee",
+                "carol@uni.example",
+                "Submitted for grading",
+                "",
+                "50.00",
+                "Yes",
+                "Friday, 20 November 2026, 9:30 AM",
+                "-",
+                "",
+            ]
+        )
+    intake_zip(root, LESSON, archive, sheet=sheet)
+    _grades(root, {"1003": 7})
+    result = export_moodle(root, tmp_path / "out.csv", LESSON)
+    (row,) = _rows(tmp_path / "out.csv")[1:]
+    got = dict(zip(MOODLE_HEADER, row, strict=True))
+    assert got["Maximum Grade"] == "50.00" and got["Grade"] == "25.00"
+    assert got["Email address"] == "carol@uni.example"
+    assert "7/14 scaled to 25/50" in got["Feedback comments"]
+    assert any("scaled" in w for w in result.warnings)
+
+
+def _grades(root: Path, totals: dict[str, float], manual: dict[str, float] | None = None) -> None:
+    """A gradebook where each student got ``totals`` on fp16_bits.. (spread) and ``manual``."""
+    from nbgrader.api import Gradebook
+
+    from grader.nbtools import tool_env
+
+    os.environ["PATH"] = tool_env()["PATH"]
+    with warnings.catch_warnings(), Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        warnings.simplefilter("ignore")
+        gb.add_assignment(LESSON)
+        gb.add_notebook(LESSON, LESSON)
+        gb.add_grade_cell("all_tests", LESSON, LESSON, max_score=12, cell_type="code")
+        gb.add_grade_cell(WRITTEN[0], LESSON, LESSON, max_score=WRITTEN[1], cell_type="markdown")
+        for student, total in totals.items():
+            gb.add_student(student)
+            gb.add_submission(LESSON, student, timestamp=datetime(2026, 11, 20, 9, 0))
+            grade = gb.find_grade("all_tests", LESSON, LESSON, student)
+            grade.auto_score, grade.needs_manual_grade = total, False
+            if student in (manual or {}):
+                written = gb.find_grade(WRITTEN[0], LESSON, LESSON, student)
+                written.manual_score = manual[student]
+                written.needs_manual_grade = True  # flagged again, as after a regrade
+        gb.db.commit()
+
+
+def test_ungraded_written_answers_are_blank_and_warnings_say_what_was_sent(tmp_path):
+    from grader.export import export_csv
+
+    root = _class(tmp_path / "course", "canvas")
+    out = tmp_path / "grades.csv"
+    said: list[str] = []
+    export_csv(root, out, [LESSON], warnings=said)
+    rows = {r["student_id"]: r for r in csv.DictReader(out.open())}
+    assert rows["alice"][f"{LESSON}/{WRITTEN[0]}"] == "2.0"
+    assert rows["bob"][f"{LESSON}/{WRITTEN[0]}"] == "", "an ungraded answer is not a zero"
+    assert "needs manual grading: why_fp16_range" in rows["bob"][f"{LESSON}/status"]
+    assert "needs manual grading" not in rows["alice"][f"{LESSON}/status"]
+    assert sorted(w.split()[0] for w in said) == ["bob", "carol"]
+    # A manual grade kept through a regrade whose cell is flagged again was sent: say so.
+    other = tmp_path / "other"
+    other.mkdir()
+    _grades(other, {"1001": 10, "1002": 10}, manual={"1001": 2})
+    result = export_canvas(other, tmp_path / "c.csv", [LESSON], points_possible={LESSON: TOP})
+    by_id = {r[1]: r for r in _rows(tmp_path / "c.csv")[2:]}
+    assert float(by_id["1001"][5]) == 12 and float(by_id["1002"][5]) == 10
+    assert not any(w.startswith("1001") for w in result.warnings), result.warnings
+    assert any(w.startswith("1002") and "autograded part only" in w for w in result.warnings)
+
+
+def test_late_penalties_are_subtracted_and_the_lms_policy_warned_about(tmp_path):
+    from nbgrader.api import Gradebook
+
+    from grader.late import apply_late_penalties
+
+    root = tmp_path / "course"
+    root.mkdir()
+    (root / "nbgrader_config.py").write_text(
+        'c = get_config()\nc.AssignLatePenalties.plugin_class = "grader.late.PenaltyPerDay"\n'
+    )
+    _grades(root, {"1001": 10, "1002": 10})
+    with warnings.catch_warnings(), Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        warnings.simplefilter("ignore")
+        gb.update_or_create_assignment(LESSON, duedate=datetime(2026, 11, 18, 23, 59))
+    late = apply_late_penalties(root, LESSON)
+    assert set(late.late) == {"1001", "1002"}  # 33 hours late: two started days, 20%
+    result = export_canvas(root, tmp_path / "c.csv", [LESSON], points_possible={LESSON: TOP})
+    by_id = {r[1]: r for r in _rows(tmp_path / "c.csv")[2:]}
+    assert float(by_id["1001"][5]) == 8
+    assert any("Late Policies" in w and "deducts again" in w for w in result.warnings)
+
+
+def test_lms_formats_are_nbgrader_export_plugins(tmp_path):
+    from grader.nbtools import nbgrader
+
+    root = _class(tmp_path / "course", "canvas")
+    (root / "nbgrader_config.py").write_text("c = get_config()\n")
+    nbgrader(
+        [
+            "export",
+            "--exporter=grader.export.CanvasExportPlugin",
+            "--to=plugin.csv",
+            f"--CanvasExportPlugin.points_possible={LESSON}=100",
+            f"--CanvasExportPlugin.assignment_ids={LESSON}=4242",
+        ],
+        cwd=root,
+    )
+    rows = _rows(root / "plugin.csv")
+    assert rows[0][-1] == f"{LESSON} (4242)" and float(rows[1][5]) == 100
+    assert {r[1] for r in rows[2:]} == {lms_id for lms_id, *_ in ROSTER.values()}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import json
 import zipfile
 from pathlib import Path
 
@@ -10,7 +12,13 @@ import pytest
 
 from grader.autograde import find_submissions, shard_of, valid_student_id
 from grader.cli import main
-from grader.intake import intake_exchange, intake_zip, parse_lms_name
+from grader.intake import (
+    identities_path,
+    intake_exchange,
+    intake_zip,
+    parse_lms_name,
+    sheet_copy_path,
+)
 
 LESSON = "90-fixture"
 NB = b'{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}'
@@ -31,6 +39,10 @@ def _zip(path: Path, entries: dict[str, bytes], dates: dict[str, tuple] | None =
         ("doejane_LATE_12345_67891_90-fixture-1.ipynb", ("12345", 67891, "90-fixture-1.ipynb")),
         ("Jane Doe_4242_assignsubmission_file_90-fixture.ipynb", ("4242", 0, "90-fixture.ipynb")),
         ("Jane Doe_4242_assignsubmission_file_/90-fixture.ipynb", ("4242", 0, "90-fixture.ipynb")),
+        # Moodle >= 4.1, "download as folders": no underscore after the plugin's name
+        ("Bob Smith_202_assignsubmission_file/nb.ipynb", ("202", 0, "nb.ipynb")),
+        ("x/Bob Smith_202_assignsubmission_file/sub/nb.ipynb", ("202", 0, "nb.ipynb")),
+        ("Bob Smith_202_assignsubmission_onlinetext/nb.ipynb", None),
         ("90-fixture.ipynb", None),
         ("notes.txt", None),
     ],
@@ -151,3 +163,169 @@ def test_intake_command_reports_unmapped_files(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 1
     assert "placed      111" in out and "UNMAPPED    junk.bin" in out
+
+
+def test_moodle_41_folders_are_taken_in(tmp_path):
+    root = tmp_path / "course"
+    z = _zip(
+        tmp_path / "m.zip",
+        {
+            "Bob Smith_202_assignsubmission_file/90-fixture.ipynb": NB,
+            "Ann Lee_203_assignsubmission_file/notes.txt": b"x",
+        },
+    )
+    report = intake_zip(root, LESSON, z)
+    assert report.placed == [("202", "Bob Smith_202_assignsubmission_file/90-fixture.ipynb")]
+    assert (root / "submitted/202/90-fixture/90-fixture.ipynb").read_bytes() == NB
+    seen = json.loads(identities_path(root, LESSON).read_text())
+    assert seen["202"]["lms"] == "moodle" and seen["202"]["name"] == "Bob Smith"
+    assert seen["202"]["prefix"] == "Bob Smith_202_"
+    assert "not a notebook" in dict(report.unmapped)["Ann Lee_203_assignsubmission_file/notes.txt"]
+
+
+WORKSHEET = [
+    "Identifier",
+    "Full name",
+    "Email address",
+    "Status",
+    "Grade",
+    "Maximum Grade",
+    "Grade can be changed",
+    "Last modified (submission)",
+    "Last modified (grade)",
+    "Feedback comments",
+]
+
+
+def _worksheet(path: Path, rows: list[tuple[str, str, str]], header=WORKSHEET) -> Path:
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(header)
+        for ident, name, when in rows:
+            w.writerow([ident, name, "x@uni.example", "", "", "100.00", "Yes", when, "-", ""])
+    return path
+
+
+def test_moodle_submission_times_come_from_its_worksheet(tmp_path):
+    """Moodle's zip has no time: the worksheet's, read in the LMS's zone, goes to nbgrader."""
+    root = tmp_path / "course"
+    z = _zip(
+        tmp_path / "m.zip",
+        {
+            "Bob Smith_202_assignsubmission_file/90-fixture.ipynb": NB,
+            "Ann Lee_203_assignsubmission_file_90-fixture.ipynb": NB + b" ",
+        },
+    )
+    sheet = _worksheet(
+        tmp_path / "w.csv",
+        [
+            ("Participant 202", "Bob Smith", "Friday, 20 November 2026, 9:30 AM"),
+            ("Participant 203", "Ann Lee", "Saturday, 21 November 2026, 11:05 PM"),
+        ],
+    )
+    report = intake_zip(root, LESSON, z, sheet=sheet, timezone="Europe/Berlin")
+    stamps = {
+        s: (root / f"submitted/{s}/{LESSON}/timestamp.txt").read_text() for s in ("202", "203")
+    }
+    assert stamps == {
+        "202": "2026-11-20 08:30:00.000000 UTC",
+        "203": "2026-11-21 22:05:00.000000 UTC",
+    }
+    from nbgrader.utils import parse_utc
+
+    assert parse_utc(stamps["202"]).isoformat() == "2026-11-20T08:30:00"  # nbgrader: naive UTC
+    assert "Moodle worksheet" in report.times["202"]
+    assert sheet_copy_path(root, LESSON, "moodle").is_file()
+    # Without the worksheet the report warns that the time is not Moodle's.
+    other = intake_zip(tmp_path / "c2", LESSON, z)
+    assert any("no submission time" in w for w in other.warnings)
+
+
+def test_a_non_english_worksheet_is_refused_clearly(tmp_path):
+    german = [
+        "Bezeichner",
+        "Vollständiger Name",
+        "E-Mail-Adresse",
+        "Status",
+        "Bewertung",
+        "Bestwertung",
+        "Bewertung kann geändert werden",
+        "Zuletzt geändert (Abgabe)",
+        "Zuletzt geändert (Bewertung)",
+        "Feedback als Kommentar",
+    ]
+    sheet = _worksheet(tmp_path / "w.csv", [("Teilnehmer/in 202", "B", "-")], header=german)
+    z = _zip(tmp_path / "m.zip", {"Bob Smith_202_assignsubmission_file/90-fixture.ipynb": NB})
+    with pytest.raises(ValueError, match="English"):
+        intake_zip(tmp_path / "c", LESSON, z, sheet=sheet)
+    code = main(
+        [
+            "intake",
+            LESSON,
+            "--lms-zip",
+            str(z),
+            "--roster",
+            str(sheet),
+            "--root",
+            str(tmp_path / "c"),
+        ]
+    )
+    assert code == 2
+
+
+def test_canvas_late_mark_is_kept(tmp_path):
+    root = tmp_path / "course"
+    z = _zip(
+        tmp_path / "c.zip",
+        {
+            "doejane_LATE_12345_67891_90-fixture.ipynb": NB,
+            "roebob_12346_67892_90-fixture.ipynb": NB,
+        },
+    )
+    intake_zip(root, LESSON, z)
+    seen = json.loads(identities_path(root, LESSON).read_text())
+    assert (seen["12345"]["late"], seen["12346"]["late"]) == ("yes", "no")
+    assert seen["12345"]["prefix"] == "doejane_LATE_12345_67891_"
+
+
+def test_exchange_keeps_nbgraders_files_verbatim(tmp_path):
+    """release_feedback needs submission_secret.txt; the timestamp stays nbgrader's own text."""
+    root = tmp_path / "course"
+    stamp = "2026-11-02 10:00:00.123456 UTC"
+    folder = tmp_path / "exchange" / "mixed-precision" / "inbound" / f"alice+{LESSON}+{stamp}+ab12"
+    folder.mkdir(parents=True)
+    (folder / f"{LESSON}.ipynb").write_bytes(NB)
+    (folder / "timestamp.txt").write_text(stamp)
+    (folder / "submission_secret.txt").write_text("s3cr3t-value")
+    report = intake_exchange(root, LESSON, tmp_path / "exchange")
+    dest = root / "submitted" / "alice" / LESSON
+    assert (dest / "timestamp.txt").read_text() == stamp
+    assert (dest / "submission_secret.txt").read_text() == "s3cr3t-value"
+    assert report.placed
+    seen = json.loads(identities_path(root, LESSON).read_text())
+    assert seen["alice"]["lms"] == "exchange"
+
+
+def test_exchange_root_is_nbgraders_one_setting(tmp_path, capsys):
+    from nbgrader.exchange.default.exchange import Exchange
+
+    from grader import REPO_ROOT
+    from grader.courseconfig import exchange_root
+
+    assert exchange_root(REPO_ROOT) == Path(Exchange.root.default_value)
+    root = tmp_path / "course"
+    (root / "grader").mkdir(parents=True)
+    (root / "nbgrader_config.py").write_text(
+        'c = get_config()\nload_subconfig("grader/nbgrader_config.py")\n'
+    )
+    (root / "grader" / "nbgrader_config.py").write_text(
+        f'c = get_config()\nc.Exchange.root = "{tmp_path / "hub-exchange"}"\n'
+    )
+    report = intake_exchange(root, LESSON)
+    assert str(tmp_path / "hub-exchange") in dict(report.unmapped).popitem()[0]
+    from grader.cli import build_parser
+
+    sub = build_parser()._subparsers._group_actions[0].choices
+    assert "/usr/local/share/nbgrader/exchange" in sub["intake"].format_help()
+    assert "/srv/nbgrader" not in sub["intake"].format_help()
+    assert "postgresql+psycopg2://" in sub["autograde"].format_help()
