@@ -35,6 +35,9 @@ kernel outside IPython's input transformers): a graded cell counts as passed onl
 is ``ok`` *and* its verdict is ``pass``. Before each graded test cell the runner also kills every
 process the notebook left (it is the subreaper of the kernel's tree). A test cell's side effects
 stay in its child: later cells do not see names it defined (no lesson's cells rely on them).
+A test cell runs with globals of its own, a copy of the notebook's namespace: the names it binds
+(its helpers, references, inputs) never replace a name of the notebook's, so a student's helper
+named like one of the test's keeps its meaning for the student's functions.
 
 Where fork() cannot be used (CUDA initialised in the kernel: a child cannot use it), the same
 steps run in the kernel itself, and a test is refused (``GraderRefused``, a status in the CSV)
@@ -314,8 +317,12 @@ def _grader_install(token, checks_path, use_fork):
         return compile(tree, label, "exec"), (compile(last, label, "eval") if last else None)
 
     def run_code(code, last, user_ns):
-        exec(code, user_ns)
-        return eval(last, user_ns) if last is not None else None
+        # The test's own globals: a copy of the notebook's namespace. Whatever the test binds
+        # (its helpers, references, inputs) stays in the copy; the notebook's functions keep
+        # theirs (their ``__globals__`` is ``user_ns``), so no name a student chose is taken.
+        test_ns = dict(user_ns)
+        exec(code, test_ns)
+        return eval(last, test_ns) if last is not None else None
 
     def prepare(keep, handlers):
         # Everything a test cell relies on, put back; None when that worked, else why not.

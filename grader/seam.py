@@ -8,6 +8,9 @@ exercise's solution cell followed by that exercise's test cell and scores the te
 as ``nbgrader autograde`` would (:func:`nbgrader.utils.determine_grade`: an error *or anything on
 stderr* scores zero). Afterwards the notebook's own solution cell is run again, so the next
 exercise sees the reference definitions. The test suite and ``python -m grader.audit`` use it.
+
+Graded test cells run as in the sandbox: with globals of their own, a copy of the notebook's
+namespace (:data:`HARNESS`), so names a test binds never replace the notebook's.
 """
 
 from __future__ import annotations
@@ -81,6 +84,86 @@ def defined_names(source: str) -> list[str]:
     return sorted(set(names) - {"*"})
 
 
+def bound_names(source: str) -> list[str]:
+    """Every name a cell binds in its own namespace: definitions, assignments, loop and ``with``
+    targets, imports, ``except ... as`` (not names inside functions, classes or comprehensions)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    names: set[str] = set()
+    nested = (
+        ast.FunctionDef,
+        ast.AsyncFunctionDef,
+        ast.ClassDef,
+        ast.Lambda,
+        ast.ListComp,
+        ast.SetComp,
+        ast.DictComp,
+        ast.GeneratorExp,
+    )
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.NamedExpr):
+            names.add(node.target.id)
+        if isinstance(node, nested):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                for d in node.decorator_list:
+                    visit(d)
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    for stmt in tree.body:
+        visit(stmt)
+    return sorted(names - {"*"})
+
+
+#: Sent to the kernel once: graded test cells run through ``_seam_harness.test``, with globals
+#: of their own (a copy of the notebook's namespace), as in the sandbox (``grader/guard.py``).
+HARNESS = r"""
+def _seam_install():
+    import ast, linecache, sys, types
+    from IPython import get_ipython
+
+    shell = get_ipython()
+
+    def test(source, label):
+        linecache.cache[label] = (len(source), None, source.splitlines(True), label)
+        tree = compile(source, label, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        test_ns = dict(shell.user_ns)
+        exec(compile(tree, label, "exec"), test_ns)
+        return eval(compile(last, label, "eval"), test_ns) if last is not None else None
+
+    sys.modules["_seam_harness"] = types.SimpleNamespace(test=test)
+
+
+_seam_install()
+"""
+
+
+def test_call(source: str, label: str) -> str:
+    """The source that runs a graded test cell's ``source`` through the seam's harness."""
+    return f"__import__('_seam_harness').test({source!r}, {label!r})\n"
+
+
+def is_test_cell(cell: NotebookNode) -> bool:
+    """An autograded test cell (nbgrader ``grade`` without ``solution``)."""
+    meta = _nbgrader(cell)
+    return cell.cell_type == "code" and bool(meta.get("grade")) and not meta.get("solution")
+
+
 class LessonKernel:
     """A source notebook executed once in a kernel kept alive for re-grading exercises.
 
@@ -118,8 +201,17 @@ class LessonKernel:
         start = time.perf_counter()
         self._stack.enter_context(self._client.setup_kernel())
         try:
+            self.run_code(f"exec({HARNESS!r}, {{}})")
             for index, cell in enumerate(self.executed.cells):
-                self._client.execute_cell(cell, index)
+                if not is_test_cell(cell):
+                    self._client.execute_cell(cell, index)
+                    continue
+                source = cell.source
+                cell.source = test_call(source, f"<test cell {index}>")
+                try:
+                    self._client.execute_cell(cell, index)
+                finally:
+                    cell.source = source
         except BaseException:
             self._stack.close()
             raise
@@ -154,6 +246,11 @@ class LessonKernel:
         return "".join(
             "".join(o.get("text", "")) for o in cell.outputs if o.get("output_type") == "stream"
         )
+
+    @property
+    def source(self) -> NotebookNode:
+        """The source notebook as read (no outputs)."""
+        return self._original
 
     def cell_of(self, grade_id: str) -> NotebookNode:
         """The source notebook's cell whose nbgrader ``grade_id`` is ``grade_id``."""
@@ -250,7 +347,7 @@ class LessonKernel:
             answer = self._run(solution if source is None else source)
             for code in between:
                 self._run(code)
-            cell = self._run(test.source)
+            cell = self._run(test_call(test.source, f"<test cell {grade_id}_tests>"))
             cell.metadata = test.metadata
             score, max_score = determine_grade(cell)
             error = _error_text(cell)

@@ -7,10 +7,13 @@ only their own exercise there (see conftest and :mod:`grader.seam`).
 
 from __future__ import annotations
 
+import ast
+import re
 import secrets
 
 import pytest
 
+from grader.seam import bound_names, is_test_cell
 from tests.conftest import (
     BROKEN,
     LESSON_IDS,
@@ -104,3 +107,44 @@ def test_valid_alternative_keeps_full_marks(graded, lesson, variant):
     assert run.passed, (
         f"{variant} (a correct {grade_id}) lost points: {run.score}/{run.max_score}\n{run.error}"
     )
+
+
+#: Names IPython itself rebinds at every execution (output and input history), not a student's.
+IPYTHON_NAMES = re.compile(r"_+|_i+|_i?\d+|_[ido]h|In|Out|exit|quit|get_ipython")
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_student_globals_named_like_the_tests_names_are_kept(graded, lesson):
+    """A student global named like any name a test cell binds (its helpers, references, inputs,
+    loop variables) keeps its value and is what the student's code reads after the test; the
+    solution beside them keeps full marks."""
+    kernel = graded.kernel(lesson)
+    cells = [c for c in kernel.source.cells if c.cell_type == "code"]
+    lesson_names = set().union(*(bound_names(c.source) for c in cells if not is_test_cell(c)))
+    checked = 0
+    for grade_id in kernel.exercises():
+        solution = kernel.cell_of(grade_id).source
+        in_solution = {n.id for n in ast.walk(ast.parse(solution)) if isinstance(n, ast.Name)}
+        in_solution |= set(bound_names(solution))
+        names = [
+            n
+            for n in bound_names(kernel.cell_of(f"{grade_id}_tests").source)
+            if n not in lesson_names
+            and n not in in_solution
+            and not n.startswith("__")
+            and not IPYTHON_NAMES.fullmatch(n)
+        ]
+        if not names:
+            continue
+        mine = "".join(f"{n} = ('student', {n!r})\n" for n in names)
+        reader = f"def _student_reads(): return [{', '.join(names)}]\n"
+        run = kernel.run_exercise(grade_id, solution + "\n\n" + mine + reader)
+        assert run.passed, f"{grade_id} lost points beside globals named {names}:\n{run.error}"
+        kept = kernel.run_code(
+            f"print(_student_reads() == [('student', n) for n in {names!r}] and all("
+            f"globals()[n] == ('student', n) for n in {names!r}))\n"
+            f"for _n in {names + ['_student_reads']!r}: globals().pop(_n)\n"
+        )
+        assert kept.strip() == "True", f"{grade_id}'s test took a student's name among {names}"
+        checked += len(names)
+    assert checked, f"{lesson}: no test cell binds a name of its own"

@@ -381,6 +381,35 @@ def pytorch_momentum(keras_momentum):
     return float(1 - Fraction(k))
 """,
     ),
+    "helper_named_wrap": (
+        "keep_norm_fp32",
+        """
+def _wrap(module):
+    # The student's own helper, named like one of the hidden tests' helpers: keeps one
+    # normalization layer in float32 between a cast in and a cast out.
+    module.float()
+    module.register_forward_pre_hook(
+        lambda m, args: tuple(a.float() if torch.is_tensor(a) and a.is_floating_point() else a
+                              for a in args))
+    module.register_forward_hook(lambda m, args, output: output.half())
+    return module
+
+
+def half_with_fp32_norm(model):
+    # Valid: the norm layers handled by a module-level helper called _wrap.
+    norm_types = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm)
+    for module in model.modules():
+        if isinstance(module, norm_types):
+            _wrap(module)
+        else:
+            for p in module.parameters(recurse=False):
+                p.data = p.data.half()
+            for name, b in module.named_buffers(recurse=False):
+                if b.is_floating_point():
+                    setattr(module, name, b.half())
+    return model
+""",
+    ),
     "momentum_not_in_range": (
         "bn_momentum",
         """
