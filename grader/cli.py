@@ -301,16 +301,23 @@ def local_kernels_over_ipc():
     sockets (files in Jupyter's private runtime folder) instead of loopback TCP: the check's
     kernel is this machine's and this user's only, and ipykernel then has no reason to print
     "Kernel is running over TCP without encryption" at the student."""
+    import os
+    import secrets
     from unittest import mock
 
     import nbclient
     from jupyter_client.manager import AsyncKernelManager
+    from jupyter_core.paths import jupyter_runtime_dir
 
     class LocalKernelManager(AsyncKernelManager):
-        """jupyter_client's kernel manager with its ``transport`` set to ``ipc``."""
+        """jupyter_client's kernel manager with ``transport`` ``ipc`` and its sockets' path
+        (``ip``) absolute, in the runtime folder (the kernel runs in the notebook's folder)."""
 
         def __init__(self, **kwargs: object) -> None:
+            runtime = jupyter_runtime_dir()
+            os.makedirs(runtime, mode=0o700, exist_ok=True)
             kwargs.setdefault("transport", "ipc")
+            kwargs.setdefault("ip", os.path.join(runtime, f"check-{secrets.token_hex(8)}-ipc"))
             super().__init__(**kwargs)
 
     class LocalNotebookClient(nbclient.NotebookClient):

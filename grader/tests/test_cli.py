@@ -45,3 +45,29 @@ def test_runs_as_a_module_without_activating_the_venv():
     )
     assert proc.returncode == 0, proc.stderr
     assert "autograde" in proc.stdout
+
+
+def test_check_runs_its_kernel_without_the_unencrypted_tcp_warning(tmp_path):
+    """``grader check``'s kernel is local (IPC sockets): the student sees only the report."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    nb = new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3"}})
+    nb.cells = [
+        new_code_cell("def one():\n    return 1", metadata={"nbgrader": {"grade_id": "one"}}),
+        new_code_cell(
+            "assert one() == 1",
+            metadata={"nbgrader": {"grade": True, "grade_id": "one_tests", "points": 1}},
+        ),
+    ]
+    nbformat.write(nb, tmp_path / "lesson.ipynb")
+    proc = subprocess.run(
+        [sys.executable, "-m", "grader", "check", str(tmp_path / "lesson.ipynb")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "passed  one (1 points)" in proc.stdout, proc.stdout
+    assert "without encryption" not in proc.stdout + proc.stderr, proc.stderr
+    assert proc.stderr.strip() == "", proc.stderr
