@@ -1,17 +1,26 @@
-"""Everything the course claims about CUDA, checked on a machine with an NVIDIA GPU, in one command.
+"""Everything the course claims about GPUs, checked on a machine with one, in one command.
 
     .venv/bin/python scripts/gpu_check.py            # or: python3 run.py gpu-check
 
-1. executes every solution notebook (on CUDA when present: ``course.setup`` picks it) and
-   autogrades it with nbgrader: every autograded cell must earn full marks;
-2. confirms lesson 03's CUDA float16 autocast lists (read from torch's header) against what CUDA
-   autocast really does, op by op and layer by layer (lesson 03's hidden tests confirm its answer
-   key the same way while step 1 grades it);
-3. runs lesson 09's benchmark on its GPT (fp32, TF32, fp16-AMP with GradScaler, bf16-AMP, eager
-   and under ``torch.compile`` on CUDA) and prints its table: step time, tokens/s, peak memory,
-   speed-ups over fp32 and TF32 and MFU, with the lesson's performance targets beside them.
+1. says which torch it runs under and which of the APIs the course reads (written against torch
+   2.13) that torch has (an older torch, such as a GPU image's, may lack some);
+2. executes every solution notebook (on the GPU when present: ``course.setup`` picks it) and
+   grades it: every autograded cell must earn full marks. With nbgrader installed it grades with
+   nbgrader; without it (a GPU image holds no Jupyter) each notebook runs in a fresh Python
+   process, cell by cell, and an autograded cell earns its points when it runs without an error,
+   as nbgrader scores a solution;
+3. confirms lesson 03's CUDA float16 autocast lists (read from torch's header) against what CUDA
+   autocast really does, op by op and layer by layer;
+4. runs lesson 09's benchmark on its GPT (fp32, TF32, fp16-AMP with GradScaler, bf16-AMP, eager,
+   and bf16-AMP under ``torch.compile``) and prints its table with the lesson's targets beside it.
    Lessons 07 and 08 run their own GPU paths (nccl where there are 2+ GPUs; float8 matmuls on
-   compute capability 8.9+) inside step 1.
+   compute capability 8.9+) inside step 2.
+
+``--archive FILE.tar.gz`` bundles every executed notebook and this run's log into one file.
+``--bundle DIR`` builds what a machine without the course's Python packages needs carried: the
+pure-Python wheels (``py3-none-any``) of the packages the course imports that such an image lacks,
+made from this environment's installed copies, and checks their size; ``--device-command``
+prints the command that installs them there and runs this check.
 
 Exits non-zero on any failure. On a machine without CUDA it runs what it can on the CPU and says
 what it skipped; ``--require-gpu`` makes a missing GPU a failure.
@@ -20,10 +29,23 @@ what it skipped; ``--require-gpu`` makes a missing GPU a failure.
 from __future__ import annotations
 
 import argparse
+import base64
+import contextlib
+import csv
+import hashlib
+import importlib.metadata as md
+import io
+import json
+import os
+import re
 import shutil
+import subprocess
 import sys
+import tarfile
 import tempfile
 import time
+import traceback
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -33,59 +55,270 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from course.device import describe_device  # noqa: E402
-from grader.gradebook import autograde_notebooks  # noqa: E402
-from grader.release import lesson_ids  # noqa: E402
+from course.device import DeviceProfile, describe_device  # noqa: E402
+
+#: APIs of torch 2.13 that the course or its prose names, each with what the course does where
+#: torch lacks it. Probed by :func:`torch_features`.
+FEATURES: tuple[tuple[str, str], ...] = (
+    ("torch.nn.functional.scaled_mm", "lesson 08 calls torch._scaled_mm, which older torch has"),
+    ("torch.nn.functional.ScalingType", "named in lesson 08's prose only"),
+    (
+        "torch.backends.cuda.matmul.fp32_precision",
+        "the benchmark sets TF32 through set_float32_matmul_precision and cudnn.allow_tf32 instead",
+    ),
+    ("torch.backends.cudnn.conv.fp32_precision", "named in lesson 01's prose only"),
+    ("torch.accelerator.is_available", "the launcher would need torch.cuda.is_available"),
+    ("torch.float8_e8m0fnu", "lesson 08's MX scales are kept as integer exponents"),
+    ("torch.distributed.fsdp.fully_shard", "lessons 05 and 07 need FSDP2"),
+    (
+        "torch.distributed.tensor._dispatch.found_inf_reduce_handler",
+        "lesson 07's claim that the plain GradScaler all-reduces FSDP2's inf check rests on it",
+    ),
+    ("torch.amp.GradScaler", "every loss-scaling lesson"),
+)
+#: The packages the course imports on top of torch, numpy, matplotlib, scikit-learn, cloudpickle
+#: and psutil (which a GPU image holds): the roots of what ``--bundle`` carries.
+CARRY_ROOTS: tuple[str, ...] = ("ipywidgets", "ipython")
+#: Distributions a GPU machine's image already holds (its ``pip list``): never carried.
+IMAGE_HAS: frozenset[str] = frozenset(
+    "pygments typing-extensions typing_extensions psutil cloudpickle numpy matplotlib "
+    "scikit-learn pandas torch packaging jinja2 markupsafe six python-dateutil setuptools "
+    "pip wheel pyyaml tqdm requests idna urllib3 certifi filelock fsspec sympy mpmath "
+    "networkx triton attrs".split()
+)
+#: Distributions whose compiled part is optional (a pure-Python fallback is imported when it is
+#: missing): carried without it.
+OPTIONAL_COMPILED: frozenset[str] = frozenset({"wcwidth"})
+#: What a device run may carry and bring back: the working tree plus carried paths, in bytes.
+CARRY_LIMIT = 64 * 2**20
+
+
+def _probe(dotted: str) -> bool:
+    """Whether ``dotted`` (``torch.x.y``) resolves: modules imported, attributes read."""
+    parts = dotted.split(".")
+    obj = None
+    for i in range(1, len(parts) + 1):
+        name = ".".join(parts[:i])
+        if obj is not None:
+            try:
+                obj = getattr(obj, parts[i - 1])
+                continue
+            except AttributeError:
+                pass
+        try:
+            obj = __import__(name, fromlist=["_"])
+        except ImportError:
+            return False
+    return obj is not None
+
+
+def torch_features() -> dict[str, bool]:
+    """Which of :data:`FEATURES` this torch has."""
+    return {name: _probe(name) for name, _ in FEATURES}
+
+
+def hide_newer_apis() -> list[str]:
+    """Remove from this process the APIs of :data:`FEATURES` an older torch may lack (the
+    rehearsal of a run under such a torch, ``--hide-newer-apis``); returns what it hid."""
+    hidden = []
+    for name in ("scaled_mm", "ScalingType", "SwizzleType"):
+        if hasattr(F, name):
+            delattr(F, name)
+            hidden.append(f"torch.nn.functional.{name}")
+    for holder, label in (
+        (torch.backends.cuda, "torch.backends.cuda.matmul"),
+        (torch.backends.cudnn, "torch.backends.cudnn.conv"),
+    ):
+        attr = label.rsplit(".", 1)[1]
+        original = getattr(holder, attr, None)
+        if original is None:
+            continue
+
+        class _Without:
+            def __init__(self, inner):
+                object.__setattr__(self, "_inner", inner)
+
+            def __getattr__(self, key):
+                if key == "fp32_precision":
+                    raise AttributeError(key)
+                return getattr(self._inner, key)
+
+            def __setattr__(self, key, value):
+                if key == "fp32_precision":
+                    raise AttributeError(key)
+                setattr(self._inner, key, value)
+
+        setattr(holder, attr, _Without(original))
+        hidden.append(f"{label}.fp32_precision")
+    return hidden
 
 
 class Report:
-    """PASS / FAIL / SKIP lines, and the exit code they add up to."""
+    """PASS / FAIL / SKIP / INFO lines, kept for the log, and the exit code they add up to."""
 
     def __init__(self) -> None:
         self.failed: list[str] = []
+        self.lines: list[str] = []
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+        self.lines.append(text)
 
     def line(self, status: str, what: str, detail: str = "") -> None:
-        print(f"[{status}] {what}" + (f": {detail}" if detail else ""), flush=True)
+        self.say(f"[{status}] {what}" + (f": {detail}" if detail else ""))
         if status == "FAIL":
             self.failed.append(what)
 
 
-def grade_lesson(lesson: str, work: Path, save: Path | None) -> tuple[str, dict, float]:
-    started = time.monotonic()
-    nb = ROOT / "solutions" / lesson / f"{lesson}.ipynb"
-    scores = autograde_notebooks(lesson, {"gpu-check": nb}, work / lesson)["gpu-check"]
-    if save is not None:
-        # The executed notebook, outputs and all: the figures it measured on this device.
-        graded = work / lesson / "autograded" / "gpu-check" / lesson / f"{lesson}.ipynb"
-        shutil.copy2(graded, save / f"{lesson}.ipynb")
-    return lesson, scores, time.monotonic() - started
+def solution_lessons() -> list[str]:
+    """The lesson ids under solutions/ (``NN-topic`` folders holding ``NN-topic.ipynb``)."""
+    return sorted(
+        p.name
+        for p in (ROOT / "solutions").iterdir()
+        if re.fullmatch(r"\d\d-[a-z0-9-]+", p.name) and (p / f"{p.name}.ipynb").is_file()
+    )
 
 
-def check_lessons(report: Report, lessons: list[str], jobs: int, save: Path | None) -> None:
-    if save is not None:
-        save.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp, ThreadPoolExecutor(jobs) as pool:
-        futures = [pool.submit(grade_lesson, lesson, Path(tmp), save) for lesson in lessons]
-        for future in futures:
+# --------------------------------------------------------------------------------------------
+# Executing a notebook without Jupyter
+
+
+def _text_output(name: str, text: str) -> dict:
+    return {"output_type": "stream", "name": name, "text": text}
+
+
+def run_notebook(source: Path, dest: Path, hide: bool = False) -> dict[str, list[float]]:
+    """Execute ``source``'s code cells in order in this process and write the executed notebook
+    (outputs, errors) to ``dest``; return ``{grade_id: [score, max_score]}`` of its autograded
+    cells. A cell that raises is recorded and the next one runs, as nbgrader does."""
+    if hide:
+        hide_newer_apis()
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    nb = json.loads(source.read_text(encoding="utf-8"))
+    namespace: dict = {"__name__": "__main__", "__builtins__": __builtins__}
+    scores: dict[str, list[float]] = {}
+    os.chdir(dest.parent)
+    for count, cell in enumerate((c for c in nb["cells"] if c["cell_type"] == "code"), 1):
+        code = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        out, err = io.StringIO(), io.StringIO()
+        outputs: list[dict] = []
+        failed = False
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                lesson, scores, seconds = future.result()
+                exec(compile(code, f"<cell {count}>", "exec"), namespace)
+            except BaseException as exc:  # noqa: BLE001 - recorded in the notebook, as Jupyter does
+                failed = True
+                error = {
+                    "output_type": "error",
+                    "ename": type(exc).__name__,
+                    "evalue": str(exc),
+                    "traceback": traceback.format_exc().splitlines(),
+                }
+            with contextlib.suppress(Exception):
+                import matplotlib.pyplot as plt
+
+                plt.close("all")
+        for name, buffer in (("stdout", out), ("stderr", err)):
+            if buffer.getvalue():
+                outputs.append(_text_output(name, buffer.getvalue()))
+        if failed:
+            outputs.append(error)
+        cell["outputs"], cell["execution_count"] = outputs, count
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if meta.get("grade") and not meta.get("solution"):
+            points = float(meta.get("points") or 0)
+            scores[meta.get("grade_id", f"cell-{count}")] = [0.0 if failed else points, points]
+    dest.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return scores
+
+
+def grade_in_process(lesson: str, work: Path, hide: bool) -> dict[str, list[float]]:
+    """Run :func:`run_notebook` for ``lesson`` in a fresh Python process (its own GPU context,
+    its own working folder); the executed notebook lands in ``work/lesson/``."""
+    folder = work / lesson
+    folder.mkdir(parents=True, exist_ok=True)
+    source = ROOT / "solutions" / lesson / f"{lesson}.ipynb"
+    scores_file = folder / "scores.json"
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--run-notebook",
+        str(source),
+        "--out",
+        str(folder / f"{lesson}.ipynb"),
+        "--scores",
+        str(scores_file),
+    ]
+    if hide:
+        command.append("--hide-newer-apis")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
+    if done.returncode != 0 or not scores_file.exists():
+        raise RuntimeError(f"{lesson} did not run: {done.stderr[-2000:]}")
+    return json.loads(scores_file.read_text())
+
+
+def grade_with_nbgrader(lesson: str, work: Path) -> dict[str, list[float]]:
+    """nbgrader's autograde of ``lesson``'s solution; the executed notebook lands in
+    ``work/lesson/``."""
+    from grader.gradebook import autograde_notebooks
+
+    nb = ROOT / "solutions" / lesson / f"{lesson}.ipynb"
+    scores = autograde_notebooks(lesson, {"gpu-check": nb}, work / lesson / "course")["gpu-check"]
+    graded = work / lesson / "course" / "autograded" / "gpu-check" / lesson / f"{lesson}.ipynb"
+    shutil.copy2(graded, work / lesson / f"{lesson}.ipynb")
+    return {k: [v.score, v.max_score] for k, v in scores.items() if v.auto}
+
+
+def pick_executor(choice: str) -> str:
+    """``nbgrader`` where it is installed (or asked for), else ``inprocess``."""
+    if choice != "auto":
+        return choice
+    try:
+        import nbgrader  # noqa: F401
+    except ImportError:
+        return "inprocess"
+    return "nbgrader"
+
+
+def check_lessons(
+    report: Report, lessons: list[str], jobs: int, work: Path, executor: str, hide: bool
+) -> list[Path]:
+    """Grade every lesson, ``jobs`` at a time; returns the executed notebooks."""
+    report.say(f"grading {len(lessons)} lesson(s) with {executor}, {jobs} at a time")
+
+    def one(lesson: str) -> tuple[str, dict, float]:
+        started = time.monotonic()
+        if executor == "nbgrader":
+            scores = grade_with_nbgrader(lesson, work)
+        else:
+            scores = grade_in_process(lesson, work, hide)
+        return lesson, scores, time.monotonic() - started
+
+    kept = []
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        futures = [pool.submit(one, lesson) for lesson in lessons]
+        for lesson, future in zip(lessons, futures, strict=True):
+            try:
+                _, scores, seconds = future.result()
             except Exception as exc:  # noqa: BLE001 - reported, and the run goes on
-                report.line("FAIL", "autograde", f"{exc}")
+                report.line("FAIL", f"{lesson} autograde", f"{exc}")
                 continue
-            tests = {k: v for k, v in scores.items() if v.auto}
-            lost = {
-                k: f"{v.score:g}/{v.max_score:g}"
-                for k, v in tests.items()
-                if v.score != v.max_score
-            }
-            total = sum(v.score for v in tests.values())
-            best = sum(v.max_score for v in tests.values())
-            if lost or not tests:
+            notebook = work / lesson / f"{lesson}.ipynb"
+            if notebook.exists():
+                kept.append(notebook)
+            lost = {k: f"{a:g}/{b:g}" for k, (a, b) in scores.items() if a != b}
+            total, best = sum(a for a, _ in scores.values()), sum(b for _, b in scores.values())
+            if lost or not scores:
                 report.line("FAIL", f"{lesson} autograde", f"lost points on {lost or 'no cells'}")
             else:
                 report.line(
                     "PASS", f"{lesson} autograde", f"{total:g}/{best:g} points, {seconds:.0f} s"
                 )
+    return kept
 
 
 #: One call per op, on float32 tensors, to read the dtype autocast gives it (lesson 03's lists:
@@ -184,8 +417,9 @@ def check_benchmark(report: Report, device: str, quick: bool) -> None:
         args += ["--gpt-size", "cpu", "--repeats", "1", "--min-run-time", "0.05"]
         args += ["--batch-size", "2"]
     elif device == "cuda":
-        # The ~100M-parameter GPT at a realistic batch, eager and compiled.
-        args += ["--gpt-size", "gpu", "--batch-size", "32", "--repeats", "3", "--compile", "both"]
+        # The ~100M-parameter GPT at a realistic batch, eager, and bf16-AMP compiled (the MFU
+        # target; compiling every mode would take minutes more).
+        args += ["bf16-amp+compile", "--gpt-size", "gpu", "--batch-size", "32", "--repeats", "2"]
     print("$ python -m course.benchmark " + " ".join(args), flush=True)
     try:
         rows, dev = benchmark.run_from_args(args)
@@ -226,6 +460,161 @@ def check_benchmark(report: Report, device: str, quick: bool) -> None:
             )
 
 
+class Tee(io.TextIOBase):
+    """A stream that writes to several streams (the terminal and the log)."""
+
+    def __init__(self, *streams) -> None:
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+            stream.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
+
+
+def write_archive(path: Path, notebooks: list[Path], log: Path) -> int:
+    """Every executed notebook and the log in one ``.tar.gz`` (one file to bring back)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:gz") as tar:
+        for nb in notebooks:
+            tar.add(nb, arcname=f"gpu_check/{nb.name}")
+        tar.add(log, arcname="gpu_check/gpu_check.log")
+    return path.stat().st_size
+
+
+# --------------------------------------------------------------------------------------------
+# What a machine without the course's packages needs carried
+
+
+def _requirement_names(dist: md.Distribution) -> list[str]:
+    """The distributions ``dist`` needs on Linux under Python 3.12 (no extras)."""
+    from packaging.requirements import Requirement
+
+    names = []
+    for text in dist.requires or []:
+        req = Requirement(text)
+        env = {
+            "python_version": "3.12",
+            "sys_platform": "linux",
+            "platform_system": "Linux",
+            "implementation_name": "cpython",
+            "platform_python_implementation": "CPython",
+            "os_name": "posix",
+            "extra": "",
+        }
+        if req.marker is None or req.marker.evaluate(env):
+            names.append(req.name)
+    return names
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def carry_closure(roots: tuple[str, ...] = CARRY_ROOTS) -> list[md.Distribution]:
+    """The installed distributions ``roots`` need, transitively, less :data:`IMAGE_HAS`."""
+    has = {_norm(n) for n in IMAGE_HAS}
+    seen: dict[str, md.Distribution] = {}
+    todo = list(roots)
+    while todo:
+        name = _norm(todo.pop())
+        if name in seen or name in has:
+            continue
+        dist = md.distribution(name)
+        seen[name] = dist
+        todo.extend(_requirement_names(dist))
+    return [seen[k] for k in sorted(seen)]
+
+
+def _is_pure(dist: md.Distribution) -> bool:
+    if _norm(dist.metadata["Name"]) in OPTIONAL_COMPILED:
+        return True
+    wheel = dist.read_text("WHEEL") or ""
+    tags = [line.split(":", 1)[1].strip() for line in wheel.splitlines() if line.startswith("Tag:")]
+    return bool(tags) and all(t.endswith("-none-any") for t in tags)
+
+
+PURE_WHEEL = "Wheel-Version: 1.0\nGenerator: gpu_check\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+
+
+def build_wheel(dist: md.Distribution, folder: Path) -> Path:
+    """A ``py3-none-any`` wheel of the installed pure-Python ``dist``, rebuilt from its files
+    (RECORD), so nothing has to be downloaded."""
+    name = dist.metadata["Name"].replace("-", "_")
+    path = folder / f"{name}-{dist.version}-py3-none-any.whl"
+    base = Path(dist.locate_file(""))
+    records = []
+    info_dir = None
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as whl:
+        for file in dist.files or []:
+            rel = file.as_posix()
+            if rel.endswith(".pyc") or "__pycache__" in rel or rel.startswith(".."):
+                continue
+            if rel.endswith(".dist-info/RECORD"):
+                info_dir = rel.rsplit("/", 1)[0]
+                continue
+            if rel.endswith((".dist-info/INSTALLER", ".dist-info/REQUESTED", "direct_url.json")):
+                continue
+            if rel.endswith((".so", ".pyd", ".dylib")):  # only in OPTIONAL_COMPILED ones
+                continue
+            data = (base / rel).read_bytes()
+            if rel.endswith(".dist-info/WHEEL"):
+                data = PURE_WHEEL.encode()
+            whl.writestr(rel, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            records.append([rel, f"sha256={digest.decode()}", str(len(data))])
+        if info_dir is not None:
+            out = io.StringIO()
+            csv.writer(out).writerows([*records, [f"{info_dir}/RECORD", "", ""]])
+            whl.writestr(f"{info_dir}/RECORD", out.getvalue())
+    return path
+
+
+def tree_bytes() -> int:
+    """Bytes of the files git would send: tracked and untracked-but-not-ignored."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    return sum(
+        (ROOT / p.decode()).stat().st_size for p in listed if p and (ROOT / p.decode()).is_file()
+    )
+
+
+def build_bundle(folder: Path) -> dict:
+    """Write the carry wheels into ``folder``; say what they hold and whether they fit."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.whl"):
+        old.unlink()
+    dists = carry_closure()
+    impure = [d.metadata["Name"] for d in dists if not _is_pure(d)]
+    if impure:
+        raise SystemExit(f"not pure-Python, cannot be carried as built here: {impure}")
+    wheels = [build_wheel(d, folder) for d in dists]
+    size = sum(w.stat().st_size for w in wheels)
+    tree = tree_bytes()
+    return {
+        "wheels": [w.name for w in wheels],
+        "bytes": size,
+        "tree_bytes": tree,
+        "fits": size + tree <= CARRY_LIMIT,
+    }
+
+
+DEVICE_COMMAND = (
+    "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "
+    "/tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && "
+    "python3 scripts/gpu_check.py --require-gpu --jobs 8 --archive $OUT/gpu_check.tar.gz"
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--require-gpu", action="store_true", help="fail if torch sees no GPU")
@@ -236,13 +625,108 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--save", type=Path, metavar="DIR", help="keep each executed, graded notebook in DIR"
     )
+    parser.add_argument(
+        "--archive",
+        type=Path,
+        metavar="FILE",
+        help="write the executed notebooks and the log to FILE (.tar.gz)",
+    )
+    parser.add_argument(
+        "--executor",
+        choices=("auto", "nbgrader", "inprocess"),
+        default="auto",
+        help="grade with nbgrader, or run each notebook in a plain Python "
+        "process (default: nbgrader where it is installed)",
+    )
+    parser.add_argument(
+        "--hide-newer-apis",
+        action="store_true",
+        help="rehearse an older torch: hide the torch 2.13 APIs it may lack",
+    )
+    parser.add_argument(
+        "--bundle",
+        type=Path,
+        metavar="DIR",
+        help="only build the wheels a machine without Jupyter needs, into DIR",
+    )
+    parser.add_argument(
+        "--device-command",
+        action="store_true",
+        help="only print the command that runs this check on such a machine",
+    )
+    parser.add_argument("--run-notebook", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--scores", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
+    if args.run_notebook is not None:  # one lesson, in this (fresh) process
+        scores = run_notebook(args.run_notebook, args.out.resolve(), args.hide_newer_apis)
+        args.scores.write_text(json.dumps(scores))
+        return 0
+    if args.device_command:
+        print(DEVICE_COMMAND)
+        return 0
+    if args.bundle is not None:
+        info = build_bundle(args.bundle)
+        print(
+            f"{len(info['wheels'])} wheels, {info['bytes'] / 2**20:.1f} MiB, beside a working "
+            f"tree of {info['tree_bytes'] / 2**20:.1f} MiB: "
+            f"{'fits' if info['fits'] else 'DOES NOT FIT'} in {CARRY_LIMIT / 2**20:.0f} MiB"
+        )
+        print("\n".join(info["wheels"]))
+        return 0 if info["fits"] else 1
+
+    work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    log_path = work / "gpu_check.log"
+    log = log_path.open("w", encoding="utf-8")
+    stdout = sys.stdout
+    sys.stdout = Tee(stdout, log)
+    try:
+        code = _check(args, work)
+    finally:
+        sys.stdout = stdout
+        log.close()
+    notebooks = sorted(work.glob("*/*.ipynb"))
+    if args.save is not None:
+        args.save.mkdir(parents=True, exist_ok=True)
+        for nb in notebooks:
+            shutil.copy2(nb, args.save / nb.name)
+    if args.archive is not None:
+        size = write_archive(args.archive, notebooks, log_path)
+        print(
+            f"archive: {args.archive} ({len(notebooks)} notebooks and the log, "
+            f"{size / 2**20:.1f} MiB)"
+        )
+    shutil.rmtree(work, ignore_errors=True)
+    return code
+
+
+def _check(args: argparse.Namespace, work: Path) -> int:
     report = Report()
     started = time.monotonic()
+    hidden = hide_newer_apis() if args.hide_newer_apis else []
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
-    print(f"gpu_check on {describe_device(device)}", flush=True)
+    print(f"gpu_check on {describe_device(device)}, Python {sys.version.split()[0]}", flush=True)
+    if hidden:
+        report.line("INFO", "rehearsing an older torch", "hidden: " + ", ".join(hidden))
+    features = torch_features()
+    lacks = [f"{n} ({why})" for n, why in FEATURES if not features[n]]
+    report.line(
+        "INFO",
+        f"torch {torch.__version__} APIs",
+        f"{sum(features.values())}/{len(features)} present"
+        + (f"; lacks {'; '.join(lacks)}" if lacks else ""),
+    )
+    if not features["torch.distributed.fsdp.fully_shard"] or not features["torch.amp.GradScaler"]:
+        report.line("FAIL", "torch APIs", "the course needs FSDP2 and torch.amp.GradScaler")
+    profile = DeviceProfile.of(device)
+    report.line(
+        "INFO",
+        "device profile",
+        f"{profile.describe()}; bf16 native "
+        f"{profile.native_bf16}, fp8 {[str(f) for f in profile.fp8_formats]}",
+    )
     if not cuda and args.require_gpu:
         report.line("FAIL", "CUDA", "torch sees no GPU and --require-gpu was given")
         return 1
@@ -253,8 +737,10 @@ def main(argv: list[str] | None = None) -> int:
             "torch sees no GPU: notebooks run on the CPU, CUDA-only "
             "checks (autocast lists, TF32, fp16/bf16 speed and peak memory) are skipped",
         )
-    lessons = args.lessons or lesson_ids(ROOT / "solutions")
-    check_lessons(report, lessons, args.jobs, args.save)
+    lessons = args.lessons or solution_lessons()
+    executor = pick_executor(args.executor)
+    check_lessons(report, lessons, args.jobs, work, executor, args.hide_newer_apis)
+    report.say(f"lessons done after {time.monotonic() - started:.0f} s")
     if cuda:
         check_autocast_lists(report, "cuda", torch.float16)
         check_autocast_lists(report, "cuda", torch.bfloat16)

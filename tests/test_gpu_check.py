@@ -1,9 +1,14 @@
-"""The GPU check script also runs on a CPU-only machine, saying what it skips."""
+"""The GPU check runs on a CPU-only machine, saying what it skips; its rehearsal of an older
+torch and of a machine without Jupyter runs here too."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import subprocess
 import sys
+import tarfile
+import zipfile
 
 import nbformat
 import torch
@@ -21,6 +26,13 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
         cwd=REPO_ROOT,
         timeout=900,
     )
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_gpu_check_runs_on_this_machine(tmp_path):
@@ -47,3 +59,84 @@ def test_gpu_check_can_insist_on_a_gpu():
     proc = run("--require-gpu", "--lessons", "01-number-formats")
     assert proc.returncode == 1
     assert "[FAIL] CUDA" in proc.stdout
+
+
+def test_rehearsal_of_an_older_torch_without_jupyter(tmp_path):
+    """The device's path: no nbgrader (each notebook in a plain process), torch 2.13's newer
+    APIs hidden, one archive holding the executed notebook and the log. (The benchmark's CPU
+    path is run by test_gpu_check_runs_on_this_machine.)"""
+    archive = tmp_path / "out" / "gpu_check.tar.gz"
+    proc = run(
+        "--lessons", "02-loss-scaling", "--executor", "inprocess", "--hide-newer-apis",
+        "--skip-benchmark", "--archive", str(archive),
+    )  # fmt: skip
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr[-3000:]
+    assert "[PASS] 02-loss-scaling autograde: 10/10 points" in out
+    assert "lacks torch.nn.functional.scaled_mm" in out and "fp32_precision" in out
+    with tarfile.open(archive) as tar:
+        names = sorted(tar.getnames())
+        assert names == ["gpu_check/02-loss-scaling.ipynb", "gpu_check/gpu_check.log"]
+        log = tar.extractfile("gpu_check/gpu_check.log").read().decode()
+        nb = json.loads(tar.extractfile("gpu_check/02-loss-scaling.ipynb").read())
+    assert "[PASS] 02-loss-scaling autograde" in log and "all checks passed" in log
+    texts = [
+        o.get("text", "") for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"]
+    ]
+    assert any("Running on" in t for t in texts)
+
+
+def test_the_plain_executor_grades_as_nbgrader_scores_a_solution(tmp_path):
+    """A graded cell earns its points only when it runs without an error, and the newer APIs
+    are really gone inside the lesson's process."""
+    nb = nbformat.v4.new_notebook()
+
+    def graded(source, grade_id, points):
+        cell = nbformat.v4.new_code_cell(source)
+        cell.metadata["nbgrader"] = {"grade": True, "solution": False, "points": points,
+                                     "grade_id": grade_id, "locked": True}  # fmt: skip
+        return cell
+
+    nb.cells = [
+        nbformat.v4.new_code_cell("import torch, torch.nn.functional as F\nprint('hello')"),
+        graded("assert not hasattr(F, 'scaled_mm')", "hidden", 2),
+        graded("torch.backends.cuda.matmul.fp32_precision", "fp32_precision_gone", 1),
+        graded("assert 1 + 1 == 2", "fine", 3),
+    ]
+    source = tmp_path / "t.ipynb"
+    nbformat.write(nb, source)
+    scores = tmp_path / "scores.json"
+    out = tmp_path / "run" / "t.ipynb"
+    out.parent.mkdir()
+    args = ["--run-notebook", str(source), "--out", str(out), "--scores", str(scores)]
+    proc = run(*args, "--hide-newer-apis")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(scores.read_text()) == {
+        "hidden": [2.0, 2.0], "fp32_precision_gone": [0.0, 1.0], "fine": [3.0, 3.0],
+    }  # fmt: skip
+    executed = json.loads(out.read_text())
+    assert executed["cells"][0]["outputs"][0]["text"] == "hello\n"
+    assert executed["cells"][2]["outputs"][-1]["ename"] == "AttributeError"
+    proc = run(*args)  # without the rehearsal, torch 2.13 has scaled_mm
+    assert json.loads(scores.read_text())["hidden"] == [0.0, 2.0]
+
+
+def test_the_carry_bundle_is_pure_python_and_fits(tmp_path):
+    gc = load_script()
+    info = gc.build_bundle(tmp_path / "whl")
+    assert info["fits"], info
+    assert info["bytes"] + info["tree_bytes"] <= 64 * 2**20
+    names = {w.split("-")[0].lower() for w in info["wheels"]}
+    assert {"ipywidgets", "ipython", "traitlets", "comm"} <= names
+    assert not names & {n.replace("-", "_") for n in gc.IMAGE_HAS}, "carries what the image has"
+    for wheel in (tmp_path / "whl").glob("*.whl"):
+        assert wheel.name.endswith("-py3-none-any.whl")
+        with zipfile.ZipFile(wheel) as whl:
+            assert whl.testzip() is None
+            files = whl.namelist()
+            assert not [f for f in files if f.endswith((".so", ".pyd"))], wheel.name
+            assert any(f.endswith(".dist-info/RECORD") for f in files)
+            wheel_meta = next(f for f in files if f.endswith(".dist-info/WHEEL"))
+            assert "Tag: py3-none-any" in whl.read(wheel_meta).decode()
+    command = run("--device-command").stdout.strip()
+    assert len(command) <= 2000 and ".whl/*.whl" in command and "$OUT/gpu_check.tar.gz" in command
