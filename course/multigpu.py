@@ -266,7 +266,7 @@ Two machines with 8 GPUs each; the same command on both, HOST the first one's ad
 c10d rendezvous numbers the machines itself, so no --node-rank):
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
              --rdzv-endpoint HOST:29500 --rdzv-id my-job {filename}
-With a GPU per rank the ranks use nccl on their own GPU; otherwise gloo on the CPU.
+With a GPU per rank (and NCCL) the ranks use nccl on their own GPU; otherwise gloo on the CPU.
 Needs only torch. The global batch must split into world size x accum_steps micro-batches.
 """
 
@@ -290,12 +290,13 @@ CONFIG = {config!r}
 def main() -> None:
     """Join the job torchrun started, train with {worker} on this rank, report on rank 0."""
     local_rank = int(os.environ["LOCAL_RANK"])
-    if torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
+    gpus = torch.cuda.device_count() if dist.is_nccl_available() else 0  # no NCCL on Windows
+    if gpus >= int(os.environ["LOCAL_WORLD_SIZE"]):
         device = torch.device("cuda", local_rank)  # one GPU per rank: nccl
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
         config = replace(CONFIG, device_type="cuda")
-    else:  # fewer GPUs than ranks here: gloo, everything on the CPU
+    else:  # fewer GPUs than ranks (or no NCCL) here: gloo, everything on the CPU
         device = torch.device("cpu")
         dist.init_process_group("gloo")
         config = replace(CONFIG, device_type="cpu")
