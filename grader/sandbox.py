@@ -270,6 +270,14 @@ def bwrap_command(settings: Settings, python: str | None = None) -> list[str]:
     cmd += [
         "--dev",
         "/dev",
+        # bwrap's /dev/shm is root's: POSIX semaphores (multiprocessing, joblib's probe at
+        # import) would fail there with a warning naming the grader's paths.
+        "--perms",
+        "1777",
+        "--size",
+        str(limits.tmpfs_mb * 1024 * 1024),
+        "--tmpfs",
+        "/dev/shm",
         "--proc",
         "/proc",
         "--perms",
