@@ -96,11 +96,12 @@ class FeedbackReport:
 
     files: list[Path] = field(default_factory=list)
     delivered: dict[str, list[str]] = field(default_factory=dict)  # channel: lines
+    late: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         """The report, a line per file written and per delivery."""
-        out = [f"wrote {len(self.files)} feedback file(s) (hidden tests are not shown)"]
+        out = [*self.late, f"wrote {len(self.files)} feedback file(s) (hidden tests are not shown)"]
         for channel, lines in self.delivered.items():
             out += [f"{channel}: {line}" for line in lines]
         return out + [f"WARNING: {w}" for w in self.warnings]
@@ -121,7 +122,13 @@ def generate(
 
     report = FeedbackReport()
     late = apply_late_penalties(root, lesson, db_url)
-    report.delivered["late"] = late.lines()
+    report.late = late.lines()
+    if late.late:
+        report.warnings.append(
+            "the feedback shows the course's late penalties: switch off the LMS's own late "
+            "policy for this assignment (Canvas: Late Policies; Moodle: penalties for late "
+            "work), or it deducts again when the grades are imported"
+        )
     nbgrader_templates = Path(nbgrader.__file__).parent / "server_extensions/formgrader/templates"
     cmd = [
         "generate_feedback",

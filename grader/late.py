@@ -113,14 +113,19 @@ class LateReport:
     """Each late student's lateness and penalty, and what the instructor should know."""
 
     late: dict[str, tuple[float, float]] = field(default_factory=dict)  # (seconds, points)
+    marked: set[str] = field(default_factory=set)  # late by Canvas's mark, time unknown
     warnings: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         """One line per late student, then the warnings."""
-        out = [
-            f"late: {s} by {seconds / 3600:.1f} h: -{points:g} points (late penalty)"
-            for s, (seconds, points) in sorted(self.late.items())
-        ]
+        out = []
+        for s, (seconds, points) in sorted(self.late.items()):
+            how = (
+                "marked late by Canvas (no time)"
+                if s in self.marked
+                else (f"{seconds / 3600:.1f} h late")
+            )
+            out.append(f"late: {s} {how}: -{points:g} points (late penalty)")
         return out + [f"WARNING: {w}" for w in self.warnings]
 
 
@@ -170,8 +175,11 @@ def apply_late_penalties(
             ident = idents.get(sid, {})
             if ident.get("lms") == "canvas" and ident.get("time_source", "").startswith("zip"):
                 seconds = mark_seconds if ident.get("late") == "yes" else 0.0
+                if seconds:
+                    report.marked.add(sid)
                 if seconds and sid in extra:  # Canvas's mark is against its own due date
                     seconds = 0.0
+                    report.marked.discard(sid)
                     report.warnings.append(
                         f"{sid}: Canvas marked the submission late, but the roster gives an "
                         "extension and no submitted_at: not counted late (give submitted_at)"
@@ -190,10 +198,4 @@ def apply_late_penalties(
             if seconds > 0:
                 report.late[sid] = (seconds, total)
         gb.db.commit()
-    if report.late:
-        report.warnings.append(
-            "late penalties are in these grades: switch off the LMS's own late policy for this "
-            "assignment (Canvas: Late Policies; Moodle: its penalties / grade deductions), or it "
-            "deducts again on import"
-        )
     return report

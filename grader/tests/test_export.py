@@ -396,3 +396,26 @@ def test_lms_formats_are_nbgrader_export_plugins(tmp_path):
     rows = _rows(root / "plugin.csv")
     assert rows[0][-1] == f"{LESSON} (4242)" and float(rows[1][5]) == 100
     assert {r[1] for r in rows[2:]} == {lms_id for lms_id, *_ in ROSTER.values()}
+
+
+def test_canvas_points_possible_read_from_its_gradebook_export(tmp_path):
+    """Canvas's own gradebook export, given at intake, holds the assignment's Points Possible."""
+    root = tmp_path / "course"
+    root.mkdir()
+    archive = tmp_path / "c.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr(f"leecarol_1003_5003_{LESSON}.ipynb", b"{}")
+    export = tmp_path / "gradebook-export.csv"
+    export.write_text(
+        f"Student,ID,SIS User ID,SIS Login ID,Section,Quiz 1 (11),{LESSON} (4242)\n"
+        "    Points Possible,,,,,10.00,70.00\n"
+        f'"Lee, Carol",1003,S-03,clee,Lab B,8,\n'
+    )
+    intake_zip(root, LESSON, archive, sheet=export)
+    _grades(root, {"1003": 7})
+    out = tmp_path / "c.csv"
+    result = export_canvas(root, out, [LESSON], assignment_ids={LESSON: "4242"})
+    rows = _rows(out)
+    assert float(rows[1][5]) == 70 and float(rows[2][5]) == 35
+    assert rows[2][:5] == ["Lee, Carol", "1003", "S-03", "clee", "Lab B"]
+    assert any("scaled from 14 points to the Canvas assignment's 70" in w for w in result.warnings)
