@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 
 import nbformat
@@ -80,6 +81,7 @@ def test_rehearsal_of_an_older_torch_without_jupyter(tmp_path):
         log = tar.extractfile("gpu_check/gpu_check.log").read().decode()
         nb = json.loads(tar.extractfile("gpu_check/02-loss-scaling.ipynb").read())
     assert "[PASS] 02-loss-scaling autograde" in log and "all checks passed" in log
+    assert (archive.parent / "gpu_check.log").read_text() == log, "no live log beside it"
     texts = [
         o.get("text", "") for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"]
     ]
@@ -140,3 +142,23 @@ def test_the_carry_bundle_is_pure_python_and_fits(tmp_path):
             assert "Tag: py3-none-any" in whl.read(wheel_meta).decode()
     command = run("--device-command").stdout.strip()
     assert len(command) <= 2000 and ".whl/*.whl" in command and "$OUT/gpu_check.tar.gz" in command
+
+
+def test_a_lesson_past_the_deadline_is_stopped_and_keeps_what_it_ran(tmp_path, monkeypatch):
+    gc = load_script()
+    lesson = "99-slow"
+    folder = tmp_path / "solutions" / lesson
+    folder.mkdir(parents=True)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(s) for s in ("print('first cell ran')", "while True: pass")
+    ]
+    nbformat.write(nb, folder / f"{lesson}.ipynb")
+    monkeypatch.setattr(gc, "ROOT", tmp_path)
+    report = gc.Report()
+    kept = gc.check_lessons(
+        report, [lesson], 1, tmp_path / "work", "inprocess", False, deadline=time.monotonic()
+    )
+    assert report.failed == [f"{lesson} autograde"]
+    assert "stopped after 10 s" in report.lines[-1]
+    assert kept and "first cell ran" in kept[0].read_text()
