@@ -43,8 +43,13 @@ CPU_FLAGS: tuple[str, ...] = (
 #: What a lesson may need of its device beyond float32 and float16 (see :func:`lesson_device`).
 #: ``rng-state``: the lesson checkpoints the device's generator (the CPU's and CUDA's are saved).
 NEEDS: tuple[str, ...] = ("float64", "float8", "bfloat16", "autocast-lists", "rng-state")
-#: ROCm architectures with bfloat16 matrix cores: CDNA2 (MI200), CDNA3 (MI300), CDNA4 (MI350).
-ROCM_BF16_ARCHES: tuple[str, ...] = ("gfx90a", "gfx942", "gfx950")
+#: ROCm architectures with bfloat16 matrix instructions: CDNA1-4 (MI100, MI200, MI300, MI350)
+#: and RDNA3 / RDNA4 (WMMA).
+ROCM_BF16_ARCHES: tuple[str, ...] = (
+    "gfx908", "gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1102", "gfx1200", "gfx1201"
+)  # fmt: skip
+#: ROCm architectures the course expects fused (flash, memory-efficient) attention on: CDNA2+.
+ROCM_FLASH_ARCHES: tuple[str, ...] = ("gfx90a", "gfx942", "gfx950")
 #: ROCm architectures whose float8 matrix cores use the FNUZ formats (CDNA3, MI300).
 ROCM_FNUZ_ARCHES: tuple[str, ...] = ("gfx942",)
 #: ROCm architectures whose float8 matrix cores use the OCP formats (CDNA4, MI350).
@@ -302,7 +307,7 @@ class DeviceProfile:
                 found += ["flash", "cudnn"]
             if dtype != torch.bfloat16 or self.capability >= (8, 0):
                 found.append("efficient")
-        elif self.kind == "rocm" and self.arch.split(":")[0] in ROCM_BF16_ARCHES:
+        elif self.kind == "rocm" and self.arch.split(":")[0] in ROCM_FLASH_ARCHES:
             found += ["flash", "efficient"] if half else ["efficient"]
         elif self.kind == "cpu":
             found.append("flash")

@@ -33,7 +33,11 @@ Sources for the expected values:
   AMD Zen 4 (AVX512-BF16, no AVX512-FP16), Zen 3 (AVX2 only), Arm Neoverse V1 / AWS Graviton3
   (FEAT_BF16), Apple M1 (Armv8.5, no FEAT_BF16) and M2+ (FEAT_BF16).
 - SDPA: torch's scaled_dot_product_attention docs: FlashAttention-2 and cuDNN attention need
-  sm80+ and 16-bit inputs; memory-efficient attention runs on older GPUs (bfloat16 from sm80).
+  sm80+ and 16-bit inputs; memory-efficient attention runs on older GPUs, bfloat16 from sm80
+  only (the wheel's include/ATen/native/transformers/cuda/mem_eff_attention/kernels/cutlassF.h
+  holds f16 / f32 kernels for sm50, sm70, sm75, sm80 and bf16 kernels for sm80 alone). The CPU's
+  flash kernel runs float32, bfloat16 and float16 (measured with torch 2.13 under
+  sdpa_kernel(SDPBackend.FLASH_ATTENTION)).
 """
 
 from __future__ import annotations
@@ -166,6 +170,17 @@ EXPECTED: dict[str, tuple] = {
                        1307.4,  2614.9, "cuda", "cuda", "cuda", True),
 }  # fmt: skip
 
+#: (native bfloat16 arithmetic, float16 tensor/matrix cores): the facts behind "amp" above.
+NATIVE: dict[str, tuple[bool, bool]] = {
+    "cpu-avx2": (False, False), "cpu-avx512bf16": (True, False), "cpu-amx": (True, False),
+    "cpu-arm-linux": (True, False), "windows-4090": (True, True), "mac-m1-13": (False, False),
+    "mac-m3-15": (True, False), "T4": (False, True), "V100x8": (False, True),
+    "A10G": (True, True), "A100-40GB": (True, True), "A100-80GBx8": (True, True),
+    "L4": (True, True), "L40S": (True, True), "RTX4090": (True, True),
+    "H100-PCIe": (True, True), "H100-SXMx8": (True, True), "H200": (True, True),
+    "B200x8": (True, True), "MI300Xx8": (True, True),
+}  # fmt: skip
+
 #: Lesson 02 needs only float16 tensors and a GradScaler; lesson 08 float8 tensors.
 NEEDS = {"l01": None, "l02": (), "l08": ("float8",)}
 
@@ -197,7 +212,7 @@ CASES = [(name, col) for name in EXPECTED for col in COLUMNS]
 
 
 def test_the_matrix_covers_what_it_claims():
-    assert len(PROFILES) >= 16 and set(PROFILES) == set(EXPECTED)
+    assert len(PROFILES) >= 16 and set(PROFILES) == set(EXPECTED) == set(NATIVE)
     assert all(len(row) == len(COLUMNS) for row in EXPECTED.values())
     kinds = {p.kind for p in PROFILES.values()}
     assert {"cpu", "cuda", "rocm", "mps"} <= kinds
@@ -209,6 +224,28 @@ def test_decision(profile, column):
     want = EXPECTED[profile][COLUMNS.index(column)]
     got = decisions(PROFILES[profile])[column]
     assert got == want, f"{profile}: {column} should be {want!r}, course.device says {got!r}"
+
+
+@pytest.mark.parametrize("profile", list(NATIVE))
+def test_native_arithmetic(profile):
+    p = PROFILES[profile]
+    assert (p.native_bf16, p.fp16_tensor_cores) == NATIVE[profile]
+
+
+@pytest.mark.parametrize(
+    ("profile", "dtype", "backends"),
+    [
+        ("T4", torch.float16, ("efficient", "math")),
+        ("T4", torch.bfloat16, ("math",)),
+        ("A100-40GB", torch.bfloat16, ("flash", "cudnn", "efficient", "math")),
+        ("H200", torch.float32, ("efficient", "math")),
+        ("MI300Xx8", torch.bfloat16, ("flash", "efficient", "math")),
+        ("mac-m3-15", torch.float16, ("math",)),
+        ("cpu-avx2", torch.float32, ("flash", "math")),
+    ],
+)
+def test_sdpa_backends(profile, dtype, backends):
+    assert PROFILES[profile].sdpa_backends(dtype) == backends
 
 
 def test_the_whole_matrix_is_fast():
