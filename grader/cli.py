@@ -104,6 +104,23 @@ def _parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+def _course_note(root: Path) -> None:
+    """Say which ``course`` package grades ``root`` when it is not the installed one."""
+    from grader.sandbox import course_dir, installed_course_dir
+
+    try:
+        used, installed = course_dir(root), installed_course_dir()
+    except RuntimeError as exc:
+        print(f"WARNING: {exc}", file=sys.stderr)
+        return
+    if used != installed:
+        print(
+            f"grading with the course package in {used} (this environment's installed course "
+            f"package is {installed})",
+            file=sys.stderr,
+        )
+
+
 def _cmd_autograde(args: argparse.Namespace) -> int:
     from grader.autograde import autograde
     from grader.sandbox import Limits, SandboxUnavailable, require_isolation
@@ -114,6 +131,7 @@ def _cmd_autograde(args: argparse.Namespace) -> int:
     except SandboxUnavailable as exc:
         print(exc, file=sys.stderr)
         return 3
+    _course_note(root)
     if mode == "unsandboxed":
         print(
             "WARNING: grading UNSANDBOXED: student code runs with this machine's files and "
@@ -203,6 +221,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     except SandboxUnavailable as exc:
         print(exc, file=sys.stderr)
         return 3
+    _course_note(root)
     try:
         data = calibrate(
             root,

@@ -99,6 +99,12 @@ def _course_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))).resolve()
 
 
+def installed_course_dir() -> Path:
+    """The folder of the ``course`` package this environment imports (an editable install may
+    point at another checkout)."""
+    return _course_dir()
+
+
 def course_dir(root: Path) -> Path:
     """The ``course`` package to grade ``root``'s lessons with: ``root/course`` when the course
     folder has one (whatever checkout the environment's ``course`` is installed from), else the

@@ -71,3 +71,17 @@ def test_check_runs_its_kernel_without_the_unencrypted_tcp_warning(tmp_path):
     assert "passed  one (1 points)" in proc.stdout, proc.stdout
     assert "without encryption" not in proc.stdout + proc.stderr, proc.stderr
     assert proc.stderr.strip() == "", proc.stderr
+
+
+def test_grading_names_the_course_package_it_uses_when_not_the_installed_one(tmp_path, capsys):
+    from grader.cli import _course_note
+    from grader.sandbox import installed_course_dir
+
+    (tmp_path / "course").mkdir()
+    (tmp_path / "course" / "__init__.py").write_text("")
+    _course_note(tmp_path)
+    err = capsys.readouterr().err
+    assert f"grading with the course package in {tmp_path / 'course'}" in err, err
+    assert str(installed_course_dir()) in err
+    _course_note(installed_course_dir().parent)
+    assert capsys.readouterr().err == ""
