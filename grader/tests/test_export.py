@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import warnings
 import zipfile
 from datetime import UTC, datetime
@@ -68,8 +69,27 @@ def _roster(path: Path) -> Path:
     return path
 
 
+_BUILT: dict[str, Path] = {}
+
+
 def _class(root: Path, lms: str) -> Path:
-    """A course whose gradebook holds the term test's class, taken in through an LMS zip."""
+    """A course whose gradebook holds the term test's class, taken in through an LMS zip.
+
+    Built once per LMS (each gradebook opening runs alembic), then copied for each test.
+    """
+    if lms in _BUILT and _BUILT[lms].is_dir():
+        shutil.copytree(_BUILT[lms], root)
+        shutil.copy2(_BUILT[lms].parent / f"roster-{lms}.csv", root.parent / f"roster-{lms}.csv")
+        return root
+    built = _build_class(root, lms)
+    keep = root.parent.parent / f"export-class-{lms}" / "course"  # in pytest's session folder
+    shutil.copytree(built, keep)
+    shutil.copy2(root.parent / f"roster-{lms}.csv", keep.parent / f"roster-{lms}.csv")
+    _BUILT[lms] = keep
+    return built
+
+
+def _build_class(root: Path, lms: str) -> Path:
     from nbgrader.api import Gradebook
 
     from grader.nbtools import tool_env
