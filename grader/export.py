@@ -90,7 +90,8 @@ class LessonGrades:
     max_score: float
     #: per student: ``{"scores": {grade id: points, or None when not graded yet}, "total" (after
     #: the late penalty), "penalty", "seconds_late", "status" (graded/rejected/failed),
-    #: "reason", "flags", "ungraded" (written answers without a grade), "manual_sent" (manual
+    #: "reason", "flags", "ungraded" (written answers without a grade), "review" (graded cells
+    #: nbgrader flags for a person to look at), "manual_sent" (manual
     #: points in the total), "timestamp", "messages" ({grade id: why the test failed})};
     #: absent: no submission
     students: dict[str, dict] = field(default_factory=dict)
@@ -144,6 +145,7 @@ def collect(root: Path, lessons: list[str] | None, db_url: str | None) -> tuple[
                     continue
                 scores: dict[str, float | None] = {}
                 ungraded: list[str] = []
+                review: list[str] = []
                 manual_sent = False
                 for nb_name, name, _ in cells:
                     grade = gb.find_grade(name, nb_name, lesson, sid)
@@ -157,6 +159,8 @@ def collect(root: Path, lessons: list[str] | None, db_url: str | None) -> tuple[
                         scores[name] = None  # not graded yet: no score, not zero
                         ungraded.append(name)
                     else:
+                        if grade.needs_manual_grade:  # graded, and flagged for a person to look
+                            review.append(name)
                         scores[name] = float(grade.score) if grade.score is not None else 0.0
                 penalty = float(sub.late_submission_penalty or 0.0)
                 info = {"status": "graded"}
@@ -172,6 +176,7 @@ def collect(root: Path, lessons: list[str] | None, db_url: str | None) -> tuple[
                     "reason": info.get("reason", ""),
                     "flags": list(info.get("flags", [])),
                     "ungraded": ungraded,
+                    "review": review,
                     "manual_sent": manual_sent,
                     "timestamp": sub.timestamp,
                     "messages": failure_messages(root, lesson, sid),
@@ -190,6 +195,8 @@ def _status(entry: dict) -> str:
         parts.append(f"late penalty -{_points(entry['penalty'])}")
     if entry["ungraded"]:
         parts.append("needs manual grading: " + ",".join(entry["ungraded"]))
+    if entry["review"]:
+        parts.append("graded, flagged for review: " + ",".join(entry["review"]))
     return "; ".join(parts)
 
 

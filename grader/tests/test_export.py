@@ -374,6 +374,11 @@ def test_ungraded_written_answers_are_blank_and_warnings_say_what_was_sent(tmp_p
     assert float(by_id["1001"][5]) == 12 and float(by_id["1002"][5]) == 10
     assert not any(w.startswith("1001") for w in result.warnings), result.warnings
     assert any(w.startswith("1002") and "autograded part only" in w for w in result.warnings)
+    export_csv(other, tmp_path / "other.csv", [LESSON])
+    flagged = {r["student_id"]: r for r in csv.DictReader((tmp_path / "other.csv").open())}
+    assert flagged["1001"][f"{LESSON}/{WRITTEN[0]}"] == "2.0"
+    assert "flagged for review: why_fp16_range" in flagged["1001"][f"{LESSON}/status"]
+    assert "needs manual grading" not in flagged["1001"][f"{LESSON}/status"]
 
 
 def test_late_penalties_are_subtracted_and_the_lms_policy_warned_about(tmp_path):
