@@ -50,6 +50,27 @@ def _nbgrader(cell) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
+def _local_kernel_manager() -> type:
+    """jupyter_client's kernel manager on IPC sockets (files in Jupyter's private runtime
+    folder, an absolute path since the kernel runs in the notebook's folder) instead of loopback
+    TCP: the check's kernel is this user's only, and ipykernel has no reason to print "Kernel is
+    running over TCP without encryption" at the student."""
+    import secrets
+
+    from jupyter_client.manager import AsyncKernelManager
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    class LocalKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs: object) -> None:
+            runtime = jupyter_runtime_dir()
+            os.makedirs(runtime, mode=0o700, exist_ok=True)
+            kwargs.setdefault("transport", "ipc")
+            kwargs.setdefault("ip", os.path.join(runtime, f"check-{secrets.token_hex(8)}-ipc"))
+            super().__init__(**kwargs)
+
+    return LocalKernelManager
+
+
 def check_notebook(path: str | Path, timeout: float = 600.0) -> list[ExerciseResult]:
     """Run the notebook at ``path`` in a fresh kernel; one result per autograded exercise."""
     from nbclient import NotebookClient
@@ -80,6 +101,7 @@ def check_notebook(path: str | Path, timeout: float = 600.0) -> list[ExerciseRes
         timeout=timeout,
         allow_errors=True,
         kernel_name="python3",
+        kernel_manager_class=_local_kernel_manager(),
         resources={"metadata": {"path": str(path.parent)}},
     )
     previous = os.environ.get(_RUNNING)

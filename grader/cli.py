@@ -315,45 +315,10 @@ def _lesson_value(text: str) -> tuple[str, str]:
     return lesson, value
 
 
-def local_kernels_over_ipc():
-    """A context in which the notebook clients this process creates start their kernel on IPC
-    sockets (files in Jupyter's private runtime folder) instead of loopback TCP: the check's
-    kernel is this machine's and this user's only, and ipykernel then has no reason to print
-    "Kernel is running over TCP without encryption" at the student."""
-    import os
-    import secrets
-    from unittest import mock
-
-    import nbclient
-    from jupyter_client.manager import AsyncKernelManager
-    from jupyter_core.paths import jupyter_runtime_dir
-
-    class LocalKernelManager(AsyncKernelManager):
-        """jupyter_client's kernel manager with ``transport`` ``ipc`` and its sockets' path
-        (``ip``) absolute, in the runtime folder (the kernel runs in the notebook's folder)."""
-
-        def __init__(self, **kwargs: object) -> None:
-            runtime = jupyter_runtime_dir()
-            os.makedirs(runtime, mode=0o700, exist_ok=True)
-            kwargs.setdefault("transport", "ipc")
-            kwargs.setdefault("ip", os.path.join(runtime, f"check-{secrets.token_hex(8)}-ipc"))
-            super().__init__(**kwargs)
-
-    class LocalNotebookClient(nbclient.NotebookClient):
-        """nbclient's client with :class:`LocalKernelManager` as its kernel manager."""
-
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            kwargs.setdefault("kernel_manager_class", LocalKernelManager)
-            super().__init__(*args, **kwargs)
-
-    return mock.patch.object(nbclient, "NotebookClient", LocalNotebookClient)
-
-
 def _cmd_check(args: argparse.Namespace) -> int:
     from course.selfcheck import main as selfcheck
 
-    with local_kernels_over_ipc():
-        return selfcheck([args.notebook, "--timeout", str(args.timeout)])
+    return selfcheck([args.notebook, "--timeout", str(args.timeout)])
 
 
 def build_parser() -> argparse.ArgumentParser:
