@@ -59,7 +59,10 @@ def _cmd_intake(args: argparse.Namespace) -> int:
     try:
         roster = sheet = None
         for given in args.roster or []:
-            if sheet_kind(Path(given)) == "roster":
+            kind = "roster" if sheet_kind(Path(given)) == "roster" else "LMS download"
+            if (roster if kind == "roster" else sheet) is not None:
+                raise ValueError(f"--roster {given}: a second {kind}; give one of each at most")
+            if kind == "roster":
                 roster = Path(given)
             else:
                 sheet = Path(given)

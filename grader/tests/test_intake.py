@@ -329,3 +329,13 @@ def test_exchange_root_is_nbgraders_one_setting(tmp_path, capsys):
     assert "/usr/local/share/nbgrader/exchange" in sub["intake"].format_help()
     assert "/srv/nbgrader" not in sub["intake"].format_help()
     assert "postgresql+psycopg2://" in sub["autograde"].format_help()
+
+
+def test_intake_takes_one_roster_and_one_lms_download(tmp_path, capsys):
+    roster = tmp_path / "r.csv"
+    roster.write_text("student_id,lms_id\nalice,111\n")
+    z = _zip(tmp_path / "d.zip", {"alice_111_1_90-fixture.ipynb": NB})
+    args = ["intake", LESSON, "--lms-zip", str(z), "--root", str(tmp_path / "c")]
+    assert main([*args, "--roster", str(roster), "--roster", str(roster)]) == 2
+    assert "a second roster" in capsys.readouterr().err
+    assert not (tmp_path / "c" / "submitted").exists()
