@@ -768,7 +768,9 @@ def build_parser() -> argparse.ArgumentParser:
             "peak memory (CUDA only) and the ratios to fp32."
         ),
     )
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
+    p.add_argument(
+        "--device", default=None, help="cpu, cuda, cuda:N or mps (default: course.pick_device())"
+    )
     p.add_argument(
         "--model", choices=MODELS, default="mlp", help="mlp (default), cnn or gpt (real text)"
     )
