@@ -100,7 +100,14 @@ def extensions(rows: list[dict[str, str]]) -> dict[str, timedelta]:
     """``{student: extension}`` from roster rows' ``extension_days`` / ``extension_hours``."""
     out = {}
     for row in rows:
-        days = float(row.get("extension_days") or 0) + float(row.get("extension_hours") or 0) / 24
+        try:
+            days = float(row.get("extension_days") or 0)
+            days += float(row.get("extension_hours") or 0) / 24
+        except ValueError:
+            raise ValueError(
+                f"student {row['student_id']}: extension_days / extension_hours must be numbers "
+                f"(got {row.get('extension_days')!r}, {row.get('extension_hours')!r})"
+            ) from None
         if days < 0:
             raise ValueError(f"student {row['student_id']}: a negative extension")
         if days:

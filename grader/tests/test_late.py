@@ -146,3 +146,20 @@ def test_intake_due_sets_the_gradebooks_duedate(course, tmp_path, capsys):
     assert "ISO 8601" in capsys.readouterr().err
     seen = json.loads((course / "intake" / LESSON / "identities.json").read_text())
     assert seen["11"]["late"] == "no"
+
+
+def test_extensions_are_read_from_the_roster_or_refused_clearly():
+    from datetime import timedelta
+
+    from grader.late import extensions
+
+    rows = [
+        {"student_id": "a", "extension_days": "2"},
+        {"student_id": "b", "extension_hours": "36"},
+        {"student_id": "c", "extension_days": ""},
+    ]
+    assert extensions(rows) == {"a": timedelta(days=2), "b": timedelta(hours=36)}
+    with pytest.raises(ValueError, match="must be numbers"):
+        extensions([{"student_id": "d", "extension_days": "2d"}])
+    with pytest.raises(ValueError, match="negative"):
+        extensions([{"student_id": "e", "extension_days": "-1"}])
