@@ -8,13 +8,15 @@ checks checksums and saves grades; only the kernel runs elsewhere. Settings come
 
 A graded test cell counts as passed only if the kernel's reply for it was ``ok``: any other status
 (error, timeout, dead kernel, restore failed, not run) gets an error output, which is what
-nbgrader's ``determine_grade`` scores as zero.
+nbgrader's ``determine_grade`` scores as zero. Then the converted hidden tests' observations are
+judged here (:func:`judge`, :mod:`grader.judge`): a judge's failure is an error output too.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 
 from nbformat import NotebookNode
@@ -73,18 +75,44 @@ def apply_answer(nb: NotebookNode, answer: dict) -> dict[int, str]:
     return statuses
 
 
+def judge(nb: NotebookNode, resources: dict, settings: Settings) -> dict[int, str]:
+    """Judge the converted hidden tests of the executed ``nb`` here, in nbgrader's process (no
+    student code runs in it): see :mod:`grader.judge`. Returns ``{index: "error"}`` for each
+    graded cell the judge failed (an error output was added: nbgrader scores it 0)."""
+    from grader.judge import apply_judges, exposed, judges
+    from grader.keys import seed_for
+
+    lesson = (resources.get("nbgrader") or {}).get("assignment")
+    problem = exposed() if lesson and judges(lesson) else None
+    if problem:
+        raise RuntimeError(problem)
+    key = settings.kernel_env["COURSE_GRADING_KEY"]
+    student = settings.kernel_env.get("COURSE_STUDENT_ID", "")
+    verdicts = apply_judges(nb, lesson, lambda exercise: seed_for(key, student, exercise))
+    return {index: "error" for index, verdict in verdicts.items() if verdict == "failed"}
+
+
 class SandboxedExecute(Execute):
     """Execute the notebook in the sandbox; see the module docstring."""
 
     def preprocess(self, nb: NotebookNode, resources: dict):  # type: ignore[override]
         begun = time.time()
         settings = Settings.from_env(os.environ["GRADER_SANDBOX"])
+        if "COURSE_GRADING_KEY" not in settings.kernel_env:
+            # Converted hidden tests are judged here with the seed the kernel used: a key the
+            # kernel gets and this process keeps (without one each seed would be the kernel's).
+            settings.kernel_env = {
+                **settings.kernel_env,
+                "COURSE_GRADING_KEY": secrets.token_hex(32),
+                "COURSE_STUDENT_ID": settings.kernel_env.get("COURSE_STUDENT_ID", ""),
+            }
         plain = json.loads(json.dumps(nb))
         # Calibrated per-cell limits (grader/calibrate.py), when autograde passes them.
         calibration = json.loads(os.environ.get("GRADER_CELL_LIMITS") or "null")
         per_cell = cell_limits(nb, calibration) if calibration else None
         answer = execute(plain, graded_test_cells(nb), settings, cell_timeouts=per_cell)
         statuses = apply_answer(nb, answer)
+        statuses.update(judge(nb, resources, settings))
         events_file = os.environ.get("GRADER_EVENTS")
         if events_file:
             cells = {}

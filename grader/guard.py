@@ -43,20 +43,33 @@ Where fork() cannot be used (CUDA initialised in the kernel: a child cannot use 
 steps run in the kernel itself, and a test is refused (``GraderRefused``, a status in the CSV)
 while a thread started by the notebook is still alive after a two-second grace.
 
+Converted hidden tests (lesson 01's; see :mod:`grader.observe` and :mod:`grader.judge`) are
+drivers: the test cell's globals get ``__grader_driver__``, an observer made here from
+:data:`grader.observe.OBSERVER`, through which the driver records what the student's functions
+return; the observations are published after the test's own outputs as one display output, and
+the judge compares them with its reference in the grader's own process, outside the sandbox. For
+those tests nothing secret is ever in this process: no reference, expected value or hidden-test
+source, whether the test runs in a fork or (CUDA) in the kernel itself. Forging or spoiling the
+observations gains nothing: they are read as plain data (``torch.load(weights_only=True)``), the
+judge rebuilds the inputs from the seed it derives itself, and two sets of observations fail.
+
 What this cannot stop: everything here lives in the student's own process. Code that finds the
 grader's function (it is stored under a random name, but Python lets one enumerate everything),
-rewrites ipykernel's messaging, or inspects the calling test's frame (``sys._getframe``) to call a
-hidden reference implementation is not prevented; :mod:`grader.scan` flags such code for a human.
-Student code that the test itself calls runs during the test, as it must.
+rewrites ipykernel's messaging so that a failed visible test is reported ``ok``, or, in a hidden
+test not yet converted (lessons 02-09), inspects the calling test's frame (``sys._getframe``) or
+the garbage collector to call its reference is not prevented; :mod:`grader.scan` flags such code
+for a human. Student code that the test itself calls runs during the test, as it must.
 """
 
 from __future__ import annotations
+
+from grader.observe import MIME, OBSERVER
 
 #: The grader's code in the kernel. :func:`prelude` runs it with globals of its own, whose
 #: builtins are a copy taken before any student code: names the notebook defines or builtins it
 #: replaces later never reach it. Module functions it calls are bound here for the same reason.
 INSTALL = r"""
-def _grader_install(token, checks_path, use_fork):
+def _grader_install(token, checks_path, use_fork, observer_source, observations_mime):
     import _signal, ast, builtins, ctypes, gc, importlib, io, linecache, marshal, math, os, sys
     import threading, time, traceback, types, warnings
     import numpy, numpy.testing, torch, torch.testing
@@ -109,6 +122,10 @@ def _grader_install(token, checks_path, use_fork):
 
     with open(checks_path, "rb") as fh:
         checks_code = compile(fh.read(), checks_path, "exec", dont_inherit=True)
+    # The drivers' observer (grader/observe.py), compiled now with the grader's own builtins.
+    observer_ns = {"__builtins__": globals()["__builtins__"]}
+    exec(compile(observer_source, "<grader observer>", "exec", dont_inherit=True), observer_ns)
+    new_observer = observer_ns["new_observer"]
 
     def load_checks():
         # A fresh course.checks from the code compiled above (no file or loader involved).
@@ -155,6 +172,12 @@ def _grader_install(token, checks_path, use_fork):
 
     from IPython import get_ipython
     shell = get_ipython()
+    try:  # pyzmq's thread for zero-copy sends starts at the first large output: start it now
+        from zmq.utils.garbage import gc as zmq_garbage
+        if not zmq_garbage.is_alive():
+            zmq_garbage.start()
+    except Exception:
+        pass
     start_threads = set(current_frames()) | {t.ident for t in enumerate_threads()}
     catchable = [s for s in _signal.valid_signals() if s not in (_signal.SIGKILL, _signal.SIGSTOP)]
     signal_reset = {_signal.SIGINT: _signal.default_int_handler, _signal.SIGPIPE: SIG_IGN,
@@ -316,13 +339,26 @@ def _grader_install(token, checks_path, use_fork):
             last = Expression(tree.body.pop().value)
         return compile(tree, label, "exec"), (compile(last, label, "eval") if last else None)
 
-    def run_code(code, last, user_ns):
+    def run_code(code, last, user_ns, observers):
         # The test's own globals: a copy of the notebook's namespace. Whatever the test binds
         # (its helpers, references, inputs) stays in the copy; the notebook's functions keep
         # theirs (their ``__globals__`` is ``user_ns``), so no name a student chose is taken.
         test_ns = dict(user_ns)
+
+        def driver(exercise, seed):
+            observer = new_observer(exercise, seed, torch)
+            observers.append(observer)
+            return observer
+
+        test_ns["__grader_driver__"] = driver
         exec(code, test_ns)
         return eval(last, test_ns) if last is not None else None
+
+    def publish_observations(texts):
+        # After the test's own outputs: the judge (grader/judge.py) takes them out again.
+        for text in texts or ():
+            if type(text) is str:
+                publish_display_data({observations_mime: text}, {})
 
     def prepare(keep, handlers):
         # Everything a test cell relies on, put back; None when that worked, else why not.
@@ -372,11 +408,13 @@ def _grader_install(token, checks_path, use_fork):
             shell.display_pub.publish = (
                 lambda data, metadata=None, *a, **k: displays.append([plain(data), {}]))
             before = set(sys_modules)
+            observers = []
             try:
                 code, last = compile_test(source, label)
-                value = run_code(code, last, shell.user_ns)
+                value = run_code(code, last, shell.user_ns, observers)
                 if value is not None:
                     record["result"] = str(repr(value))
+                record["observations"] = [str(o.bundle()) for o in observers]
                 record["outcome"] = "pass"
             except BaseException as exc:
                 tb = exc.__traceback__
@@ -450,6 +488,8 @@ def _grader_install(token, checks_path, use_fork):
             sys.stderr.flush()
         for data, metadata in record.get("displays", []):
             publish_display_data(data, metadata)
+        if record.get("outcome") == "pass":
+            publish_observations(record.get("observations"))
         # What the test imported on first use, imported here too: later children inherit it
         # instead of paying for it again (a kernel running its tests itself pays once).
         for name in record.get("imported") or ():
@@ -474,11 +514,14 @@ def _grader_install(token, checks_path, use_fork):
         fresh, problem = prepare(keep, kernel_handlers)
         if problem:
             return {"outcome": "restore-failed", "why": problem}
+        observers = []
         try:
             code, last = compile_test(source, label)
-            value = run_code(code, last, shell.user_ns)
+            value = run_code(code, last, shell.user_ns, observers)
+            texts = [str(o.bundle()) for o in observers]
         finally:
             gc_enable()
+        publish_observations(texts)
         return {"outcome": "pass", "value": value}
 
     verdicts = {}
@@ -521,7 +564,7 @@ def _grader_install(token, checks_path, use_fork):
     setattr(sys, "_grader_" + token, types.SimpleNamespace(test=run_test, verdict=verdict))
 
 
-_grader_install(__TOKEN__, __CHECKS__, __FORK__)
+_grader_install(__TOKEN__, __CHECKS__, __FORK__, __OBSERVER__, __MIME__)
 """
 
 #: Runs :data:`INSTALL` with globals of its own; it is sent before any student code runs.
@@ -544,6 +587,7 @@ def prelude(token: str, checks_path: str, fork: bool = True) -> str:
     where CUDA is initialised; for the tests of that path)."""
     install = INSTALL.replace("__TOKEN__", repr(token)).replace("__CHECKS__", repr(checks_path))
     install = install.replace("__FORK__", repr(bool(fork)))
+    install = install.replace("__OBSERVER__", repr(OBSERVER)).replace("__MIME__", repr(MIME))
     return PRELUDE.replace("__INSTALL__", repr(install))
 
 

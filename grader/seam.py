@@ -10,7 +10,9 @@ stderr* scores zero). Afterwards the notebook's own solution cell is run again, 
 exercise sees the reference definitions. The test suite and ``python -m grader.audit`` use it.
 
 Graded test cells run as in the sandbox: with globals of their own, a copy of the notebook's
-namespace (:data:`HARNESS`), so names a test binds never replace the notebook's.
+namespace (:data:`HARNESS`), so names a test binds never replace the notebook's. A converted
+hidden test's observations are judged here, in the suite's process (:mod:`grader.judge`), before
+the cell is scored.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +28,10 @@ import nbformat
 from nbclient import NotebookClient
 from nbformat import NotebookNode
 from nbgrader.utils import determine_grade
+
+from grader.judge import judge_cell
+from grader.keys import seed_for
+from grader.observe import MIME, OBSERVER
 
 
 class SeamError(RuntimeError):
@@ -127,14 +134,21 @@ def bound_names(source: str) -> list[str]:
     return sorted(names - {"*"})
 
 
-#: Sent to the kernel once: graded test cells run through ``_seam_harness.test``, with globals
-#: of their own (a copy of the notebook's namespace), as in the sandbox (``grader/guard.py``).
+#: Sent to the kernel once (with :data:`grader.observe.OBSERVER` and its mime type): graded test
+#: cells run through ``_seam_harness.test``, with globals of their own (a copy of the notebook's
+#: namespace) holding the drivers' ``__grader_driver__``, as in the sandbox (``grader/guard.py``);
+#: the observations are published after the test, for :func:`grader.judge.judge_cell`.
 HARNESS = r"""
-def _seam_install():
+def _seam_install(observer_source, mime):
     import ast, linecache, sys, types
+    import torch
     from IPython import get_ipython
+    from IPython.display import publish_display_data
 
     shell = get_ipython()
+    observer_ns = {}
+    exec(compile(observer_source, "<grader observer>", "exec"), observer_ns)
+    new_observer = observer_ns["new_observer"]
 
     def test(source, label):
         linecache.cache[label] = (len(source), None, source.splitlines(True), label)
@@ -142,14 +156,24 @@ def _seam_install():
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)
+        observers = []
+
+        def driver(exercise, seed):
+            observers.append(new_observer(exercise, seed, torch))
+            return observers[-1]
+
         test_ns = dict(shell.user_ns)
+        test_ns["__grader_driver__"] = driver
         exec(compile(tree, label, "exec"), test_ns)
-        return eval(compile(last, label, "eval"), test_ns) if last is not None else None
+        value = eval(compile(last, label, "eval"), test_ns) if last is not None else None
+        for observer in observers:
+            publish_display_data({mime: observer.bundle()}, {})
+        return value
 
     sys.modules["_seam_harness"] = types.SimpleNamespace(test=test)
 
 
-_seam_install()
+_seam_install(__OBSERVER__, __MIME__)
 """
 
 
@@ -201,7 +225,8 @@ class LessonKernel:
         start = time.perf_counter()
         self._stack.enter_context(self._client.setup_kernel())
         try:
-            self.run_code(f"exec({HARNESS!r}, {{}})")
+            harness = HARNESS.replace("__OBSERVER__", repr(OBSERVER))
+            self.run_code(f"exec({harness.replace('__MIME__', repr(MIME))!r}, {{}})")
             for index, cell in enumerate(self.executed.cells):
                 if not is_test_cell(cell):
                     self._client.execute_cell(cell, index)
@@ -212,6 +237,7 @@ class LessonKernel:
                     self._client.execute_cell(cell, index)
                 finally:
                     cell.source = source
+                judge_cell(cell, self.lesson)
         except BaseException:
             self._stack.close()
             raise
@@ -246,6 +272,18 @@ class LessonKernel:
         return "".join(
             "".join(o.get("text", "")) for o in cell.outputs if o.get("output_type") == "stream"
         )
+
+    @property
+    def lesson(self) -> str:
+        """The lesson's id: the notebook's name (its judges are :mod:`grader.judges`' module)."""
+        return self.path.stem
+
+    @staticmethod
+    def _seed_of(key: str | None, student: str) -> Callable[[str], int] | None:
+        """The seeds a converted hidden test must have used (None without a key: the driver's)."""
+        if key is None:
+            return None
+        return lambda exercise: seed_for(key, student, exercise)
 
     @property
     def source(self) -> NotebookNode:
@@ -349,6 +387,7 @@ class LessonKernel:
                 self._run(code)
             cell = self._run(test_call(test.source, f"<test cell {grade_id}_tests>"))
             cell.metadata = test.metadata
+            judge_cell(cell, self.lesson, self._seed_of(key, student))
             score, max_score = determine_grade(cell)
             error = _error_text(cell)
             if any(o.get("output_type") == "error" for o in answer.outputs):

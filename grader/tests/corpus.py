@@ -498,3 +498,269 @@ def write_case(case: Case, source_nb: Path, dest_dir: Path, ctx: dict) -> Path:
     for name, text in case.extra_files.items():
         (dest_dir / name).write_text(text, encoding="utf-8")
     return path
+
+
+# -- Attacks on lesson 01's hidden tests -----------------------------------------------------------
+#
+# Each attack replaces one exercise's solution with code that is right on the visible inputs only
+# (``_honest_<name>`` on those, a wrong answer elsewhere) and that, when called by the hidden test,
+# looks for the test's reference or expected values and returns their answer if it finds one.
+# Where the hidden tests define their references beside the student's code (lesson 01 before its
+# drivers and judges) each finds one and earns the exercise's points; with the judge in the
+# grader's process there is nothing to find. ``L01_STUDENTS`` batches them, one trick per exercise
+# and student, so one autograde run of a few submissions covers every trick on every exercise.
+
+L01_LESSON = "01-number-formats"
+
+#: What each exercise's reference was called in the hidden tests and how it is called.
+L01_REFS = {
+    "fp16_bits": ("_ref_fp16_bits", "x"),
+    "fp16_fate": ("_ref_fate", "x"),
+    "kahan_sum": ("_ref_kahan", "values, dtype"),
+    "underflow_fraction": ("_ref_underflow", "grads, scale"),
+    "max_safe_scale": ("_ref_safe", "grads"),
+}
+
+#: The signature, a test of "these are the visible inputs", and a wrong answer for the rest.
+L01_CHEATS = {
+    "fp16_bits": ("x", "x.numel() == 8", "tuple(p * 0 for p in _honest_fp16_bits(x))"),
+    "fp16_fate": ("x", "x.numel() == 11", "torch.zeros(x.shape, dtype=torch.long)"),
+    "kahan_sum": (
+        "values, dtype=torch.float16",
+        "len(values) in (0, 1000)",
+        "torch.as_tensor(values, dtype=torch.float64).sum().to(dtype)",
+    ),
+    "underflow_fraction": (
+        "grads, scale",
+        "len(grads) == 0 or (len(grads) == 2 and grads[0].numel() == 3)",
+        "0.5",
+    ),
+    "max_safe_scale": ("grads", "sum(g.numel() for g in grads) <= 4", "1.0"),
+}
+
+#: Helpers every attack uses, defined with the first exercise's solution.
+L01_FINDERS = r"""
+import gc as _gc, sys as _sys, threading as _threading, time as _time, types as _types
+
+
+def _pick(d, name):
+    try:
+        value = d.get(name)
+    except Exception:
+        return None
+    return value if callable(value) else None
+
+
+def _by_globals(name, *args):
+    return _pick(globals(), name)
+
+
+def _by_frames(name, *args):
+    frame = _sys._getframe(1)
+    while frame is not None:
+        found = _pick(frame.f_locals, name) or _pick(frame.f_globals, name)
+        if found:
+            return found
+        frame = frame.f_back
+    return None
+
+
+def _by_referrers(name, *args):
+    # What refers to my inputs: the caller's namespace, or its frame (whose globals are it).
+    for arg in args:
+        for holder in _gc.get_referrers(arg):
+            if isinstance(holder, _types.FrameType):
+                holder = holder.f_globals
+            if isinstance(holder, dict) and _pick(holder, name):
+                return _pick(holder, name)
+    return None
+
+
+_looked = {}  # the slow finders: what they found, or how often they looked in vain
+
+
+def _looking(name):
+    # True while the slow finders should look again (at most 8 times per reference: a test cell
+    # calls the exercise a few times before its hidden part defines the reference).
+    tries = _looked.get(name, 0)
+    if callable(tries):
+        return False
+    _looked[name] = tries + 1
+    return tries < 8
+
+
+def _by_defined_after_mine(name, *args):
+    # Any function defined after mine: every live function whose name matches.
+    if _looking(name):
+        for obj in _gc.get_objects():
+            if isinstance(obj, _types.FunctionType) and obj.__name__ == name:
+                _looked[name] = obj
+                break
+    found = _looked[name]
+    return found if callable(found) else None
+
+
+def _by_waiting_thread(name, *args):
+    # A thread that waits (half a second) for the reference to appear in any thread's frames.
+    if not _looking(name):
+        found = _looked[name]
+        return found if callable(found) else None
+    found = []
+
+    def watch():
+        end = _time.monotonic() + 0.5
+        while not found and _time.monotonic() < end:
+            for frame in list(_sys._current_frames().values()):
+                while frame is not None and not found:
+                    hit = _pick(frame.f_globals, name) or _pick(frame.f_locals, name)
+                    if hit:
+                        found.append(hit)
+                    frame = frame.f_back
+            _time.sleep(0.005)
+
+    watcher = _threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    watcher.join(1.0)
+    if found:
+        _looked[name] = found[0]
+    return found[0] if found else None
+"""
+
+#: The same tricks against the judged tests: the kernel holds drivers and observers only.
+L01_JUDGED_TRICKS = r"""
+import base64 as _base64, io as _io, json as _json, os as _os, pickle as _pickle
+
+
+class _Payload:
+    # Unpickled anywhere, it would create the marker file: the judge must never run it.
+    def __reduce__(self):
+        return (_os.system, ("touch " + {marker!r},))
+
+
+def _poisoned_save(obj, f, *args, **kwargs):
+    f.write(_pickle.dumps(_Payload()))
+
+
+def _patch_serializer(name, *args):
+    # A patched torch.save (and the functions it calls): every observation becomes the payload.
+    import torch.serialization as _ser
+
+    torch.save = _ser.save = _poisoned_save
+    for attr in ("_save", "_legacy_save"):
+        setattr(_ser, attr, lambda obj, f, *a, **k: _poisoned_save(obj, f))
+    return None
+
+
+def _forge_observations(name, *args):
+    # A second set of observations, published from inside the test, claiming the driver ended.
+    from IPython.display import publish_display_data
+
+    forged = {{"exercise": "kahan_sum", "seed": 0, "done": True, "records": []}}
+    publish_display_data({{"application/x-grader-observations": _json.dumps(forged)}}, {{}})
+    return None
+
+
+def _read_the_judges(name, *args):
+    # The judges' module by import, then from the course's own folder on disk.
+    try:
+        import grader.judges.l01_number_formats as judges
+
+        return getattr(judges, name, None)
+    except Exception:
+        pass
+    for path in {judges!r}:
+        try:
+            namespace = {{}}
+            exec(open(path).read(), namespace)
+            return namespace.get(name)
+        except Exception:
+            pass
+    return None
+
+
+def _hijack_observer(name, *args):
+    # The driver's observer, from the callers' frames: its records dropped, the driver "done".
+    frame = _sys._getframe(1)
+    while frame is not None:
+        observer = frame.f_globals.get("_obs")
+        if observer is not None and hasattr(observer, "records"):
+            observer.records.clear()
+            observer.done()
+            break
+        frame = frame.f_back
+    return None
+"""
+
+
+def l01_cheat(exercise: str, trick: str, honest_source: str) -> str:
+    """The solution cell of ``exercise`` that tries ``trick`` (a finder's name) at call time."""
+    signature, visible, wrong = L01_CHEATS[exercise]
+    ref, call = L01_REFS[exercise]
+    honest = honest_source.replace(f"def {exercise}(", f"def _honest_{exercise}(", 1)
+    args = call.replace("=torch.float16", "")
+    return (
+        f"{honest}\n\n"
+        f"def {exercise}({signature}):\n"
+        f"    found = {trick}({ref!r}, {args})\n"
+        f"    if found is not None:\n"
+        f"        return found({args})\n"
+        f"    if {visible}:\n"
+        f"        return _honest_{exercise}({args})\n"
+        f"    return {wrong}\n"
+    )
+
+
+#: One submission per row: the trick tried on each exercise (None: the honest solution).
+L01_STUDENTS: dict[str, dict[str, str | None]] = {
+    "l01-tricks-a": {
+        "fp16_bits": "_by_globals",
+        "fp16_fate": "_by_frames",
+        "kahan_sum": "_by_referrers",
+        "underflow_fraction": "_by_waiting_thread",
+        "max_safe_scale": "_by_defined_after_mine",
+    },
+    "l01-tricks-b": {
+        "fp16_bits": "_by_frames",
+        "fp16_fate": "_by_referrers",
+        "kahan_sum": "_by_waiting_thread",
+        "underflow_fraction": "_by_defined_after_mine",
+        "max_safe_scale": "_by_globals",
+    },
+    "l01-tricks-c": {
+        "fp16_bits": "_patch_serializer",
+        "fp16_fate": "_by_waiting_thread",
+        "kahan_sum": "_forge_observations",
+        "underflow_fraction": "_hijack_observer",
+        "max_safe_scale": "_read_the_judges",
+    },
+    "l01-tricks-d": {
+        "fp16_bits": "_by_referrers",
+        "fp16_fate": "_by_defined_after_mine",
+        "kahan_sum": "_by_globals",
+        "underflow_fraction": "_by_frames",
+        "max_safe_scale": None,  # honest: keeps its points beside the attacks
+    },
+}
+
+
+def write_l01_attack(student: str, source_nb: Path, dest_dir: Path, ctx: dict) -> Path:
+    """Write ``student``'s lesson 01 submission (see :data:`L01_STUDENTS`) into ``dest_dir``.
+
+    ``ctx`` has ``marker`` (a file the payload would create in the grader's process) and
+    ``judges`` (paths where the judges' source lives outside the sandbox).
+    """
+    nb = nbformat.read(source_nb, as_version=4)
+    tricks = L01_STUDENTS[student]
+    first = True
+    for exercise, trick in tricks.items():
+        cell = _cell(nb, exercise)
+        if trick is not None:
+            cell.source = l01_cheat(exercise, trick, cell.source)
+        if first:
+            judged = L01_JUDGED_TRICKS.format(marker=str(ctx["marker"]), judges=ctx["judges"])
+            cell.source = L01_FINDERS + judged + "\n\n" + cell.source
+            first = False
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    path = dest_dir / f"{L01_LESSON}.ipynb"
+    nbformat.write(nb, path)
+    return path

@@ -255,3 +255,49 @@ def test_feedback_shows_messages_but_no_hidden_tests(batch):
     html = (root / "feedback" / "honest-wrong-hidden" / LESSON / f"{LESSON}.html").read_text()
     assert "double on random input" in html  # the CheckFailed message
     assert "BEGIN HIDDEN TESTS" not in html and "_seed" not in html
+
+
+L01_POINTS = {
+    "fp16_bits_tests": 2.0,
+    "fp16_fate_tests": 3.0,
+    "kahan_sum_tests": 3.0,
+    "underflow_fraction_tests": 2.0,
+    "max_safe_scale_tests": 2.0,
+}
+
+
+@pytest.mark.lesson
+@pytest.mark.xdist_group("corpus-l01")
+def test_lesson01_attacks_on_the_hidden_tests_earn_nothing(tmp_path):
+    """Lesson 01 through the real sandboxed autograde: each exercise attacked by code that looks
+    for the hidden test's reference at call time (the notebook's globals, the caller's frames, gc
+    referrers of its inputs, every live function, a thread waiting for it), or that attacks the
+    judged tests' plumbing (a patched torch.save writing a pickle that runs code, a forged second
+    set of observations, the judges' module or file, the driver's observer emptied), falling back
+    to code that is right on the visible inputs only. None earns a point; the honest exercise
+    beside them keeps its points; the payload never ran in the grader's process."""
+    from grader.release import copy_course_skeleton
+    from grader.tests.corpus import L01_LESSON, L01_STUDENTS, write_l01_attack
+
+    need_bwrap()
+    root = tmp_path / "course"
+    copy_course_skeleton(REPO_ROOT, root)
+    source = REPO_ROOT / "solutions" / L01_LESSON / f"{L01_LESSON}.ipynb"
+    marker = tmp_path / "payload-ran"
+    judges = [str(REPO_ROOT / "grader" / "judges" / "l01_number_formats.py")]
+    for student in L01_STUDENTS:
+        dest = root / "submitted" / student / L01_LESSON
+        write_l01_attack(student, source, dest, {"marker": marker, "judges": judges})
+    limits = Limits(cell_timeout=300, notebook_timeout=900)
+    outcomes = {
+        o.student: o for o in autograde(L01_LESSON, root, workers=2, limits=limits, progress=False)
+    }
+    for student, tricks in L01_STUDENTS.items():
+        o = outcomes[student]
+        assert o.status == "graded", o
+        for exercise, trick in tricks.items():
+            gid = f"{exercise}_tests"
+            assert o.max_scores[gid] == L01_POINTS[gid]
+            want = L01_POINTS[gid] if trick is None else 0.0
+            assert o.scores[gid] == want, (student, exercise, trick, o.reason)
+    assert not marker.exists(), "the payload ran in the grader's process"
