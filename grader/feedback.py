@@ -179,12 +179,16 @@ def lms_feedback_zip(root: Path, lesson: str, lms: str, out: Path) -> list[str]:
 
     seen = identities_path(root, lesson)
     idents = json.loads(seen.read_text(encoding="utf-8")) if seen.is_file() else {}
-    names = []
+    names: list[str] = []
+    missing: list[str] = []
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".part")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
         for sid, ident in sorted(idents.items()):
-            if ident.get("lms") != lms or not ident.get("prefix"):
+            if ident.get("lms") != lms:
+                continue
+            if not ident.get("prefix"):  # taken in before intake kept the download's names
+                missing.append(sid)
                 continue
             for html in _feedback_html(root, lesson, sid):
                 if lms == "moodle":
@@ -194,6 +198,11 @@ def lms_feedback_zip(root: Path, lesson: str, lms: str, out: Path) -> list[str]:
                 zf.write(html, name)
                 names.append(name)
     tmp.replace(out)
+    if missing:
+        raise LookupError(
+            f"{', '.join(missing)}: no {lms} file-name prefix in {seen} (run intake of their "
+            f"zip again); {out} holds the others"
+        )
     return names
 
 
@@ -234,7 +243,12 @@ def deliver(root: Path, lesson: str, report: FeedbackReport, channels: list[str]
             ]
             continue
         out = out_dir / f"{channel}-feedback.zip"
-        names = lms_feedback_zip(root, lesson, channel, out)
+        try:
+            names = lms_feedback_zip(root, lesson, channel, out)
+        except LookupError as exc:
+            report.warnings.append(str(exc))
+            with zipfile.ZipFile(out) as zf:
+                names = zf.namelist()
         how = (
             "Moodle: assignment > View all submissions > Grading action 'Upload multiple "
             "feedback files in a zip'"

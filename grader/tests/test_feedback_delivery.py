@@ -90,3 +90,31 @@ def test_feedback_is_delivered_in_each_channel(course, tmp_path):
     expected = notebook_hash(secret="carols-secret", notebook_id=LESSON)
     assert [p.name for p in released.iterdir()] == [f"{expected}.html"]
     assert "moodle" in "\n".join(report.lines()) and "release_feedback" in "\n".join(report.lines())
+
+
+def test_a_student_without_the_lms_file_name_is_named_not_skipped(tmp_path):
+    import json
+
+    from grader.feedback import FeedbackReport
+    from grader.intake import identities_path
+
+    root = tmp_path / "course"
+    for sid in ("old", "new"):
+        page = root / "feedback" / sid / LESSON / f"{LESSON}.html"
+        page.parent.mkdir(parents=True)
+        page.write_text("<html>feedback</html>")
+    path = identities_path(root, LESSON)
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        json.dumps(
+            {
+                "old": {"lms": "canvas", "lms_id": "7"},  # an identities.json of an older intake
+                "new": {"lms": "canvas", "lms_id": "8", "prefix": "newname_8_99_"},
+            }
+        )
+    )
+    report = FeedbackReport()
+    deliver(root, LESSON, report, ["canvas"])
+    with zipfile.ZipFile(root / "lms-feedback" / LESSON / "canvas-feedback.zip") as zf:
+        assert zf.namelist() == [f"newname_8_99_{LESSON}-feedback.html"]
+    assert any(w.startswith("old: no canvas file-name prefix") for w in report.warnings)
