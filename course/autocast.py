@@ -632,6 +632,48 @@ def list_differences() -> list[tuple[str, str, str]]:
     return sorted((r for r in rows if r[1] != r[2]), key=lambda r: (r[1], r[2], r[0]))
 
 
+def promotes_by_itself(op: str, low: torch.dtype = torch.float16) -> bool:
+    """Whether ``op``, run *without* autocast on a ``low`` input beside float32 ones, returns
+    float32: ordinary type promotion already gives the widest input (lesson 03). Measured on
+    the CPU with the same probes as :func:`measure_cpu_policy`; an op that refuses mixed dtypes
+    (``dot``, ``index_put``) or returns ``low`` does not promote."""
+    kernels = _probes()
+    probe = kernels[op] if op in kernels else _parts_probes()[op]
+    t = _Inputs(lambda i: low if i == 0 else torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return _first_dtype(probe(t)) == torch.float32
+        except RuntimeError:
+            return False
+
+
+def nominal_difference(op: str) -> str | None:
+    """Why the two devices' different policies for ``op`` make no difference, or None (lesson 03).
+
+    Two cases: one device promotes to the widest input and the other has no list, while the op
+    promotes by itself (:func:`promotes_by_itself`), so both give the same dtypes; or CUDA has a
+    lower-precision kernel and the CPU none, while the op is composite (no CPU kernel of its
+    own, a ``CompositeImplicitAutograd`` one): on the CPU it runs as ops with policies of their
+    own (``lstm_cell``'s matmuls are ``linear``, lower precision there too), though its outputs'
+    dtype can still differ (float32 state in, float32 state out).
+    """
+    cuda, cpu = op_policy(op, "cuda"), op_policy(op, "cpu")
+    if cuda == cpu:
+        return None
+    if {cuda, cpu} == {PROMOTE, NO_LIST}:
+        try:
+            promotes = promotes_by_itself(op)
+        except KeyError:
+            return None
+        return "promotes by itself without autocast" if promotes else None
+    if (cuda, cpu) == (LOWER, NO_LIST):
+        dump = torch._C._dispatch_dump(f"aten::{op}")
+        if "CompositeImplicitAutograd" in dump and "\nCPU:" not in dump:
+            return "composite on the CPU: runs as ops with their own policies"
+    return None
+
+
 class count_casts(TorchDispatchMode):  # noqa: N801 - used like a function: with count_casts()
     """Counts the dtype casts (``aten::_to_copy``) that run inside the ``with`` block (lesson 03).
 

@@ -441,3 +441,14 @@ def test_widget_without_or_with_broken_trace_function_falls_back_to_documented()
         assert table.source == "documented"
         assert words in table.note.value
         assert [r["layer"] for r in table.rows] == list(A.ROW_ATTENTION_OPS)
+
+
+def test_nominal_differences_are_the_ops_that_promote_by_themselves_or_are_composite():
+    """cat, stack, addcmul, addcdiv and atan2 promote without autocast, so their widest-input
+    vs no-list difference changes no dtype; lstm_cell and gru_cell are composite on the CPU.
+    dot and index_put refuse mixed dtypes: their difference is real."""
+    nominal = {op for op, _, _ in A.list_differences() if A.nominal_difference(op)}
+    assert nominal == {"cat", "stack", "addcmul", "addcdiv", "atan2", "lstm_cell", "gru_cell"}
+    assert A.promotes_by_itself("addcmul") and not A.promotes_by_itself("dot")
+    assert A.nominal_difference("index_put") is None
+    assert A.nominal_difference("linear") is None  # the same list on both
