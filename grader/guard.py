@@ -52,6 +52,9 @@ those tests nothing secret is ever in this process: no reference, expected value
 source, whether the test runs in a fork or (CUDA) in the kernel itself. Forging or spoiling the
 observations gains nothing: they are read as plain data (``torch.load(weights_only=True)``), the
 judge rebuilds the inputs from the seed it derives itself, and two sets of observations fail.
+That holds in memory everywhere; against reading the judges' files it relies on the sandbox,
+which does not mount ``grader/`` (with ``--unsandboxed``, as on a GPU machine where CUDA forbids
+the fork, student code can read any file the grader's user can, the judges included).
 
 What this cannot stop: everything here lives in the student's own process. Code that finds the
 grader's function (it is stored under a random name, but Python lets one enumerate everything),

@@ -601,14 +601,14 @@ def _by_defined_after_mine(name, *args):
 
 
 def _by_waiting_thread(name, *args):
-    # A thread that waits (half a second) for the reference to appear in any thread's frames.
+    # A thread that waits (a fifth of a second) for the reference to appear in any frame.
     if not _looking(name):
         found = _looked[name]
         return found if callable(found) else None
     found = []
 
     def watch():
-        end = _time.monotonic() + 0.5
+        end = _time.monotonic() + 0.2
         while not found and _time.monotonic() < end:
             for frame in list(_sys._current_frames().values()):
                 while frame is not None and not found:
@@ -620,7 +620,7 @@ def _by_waiting_thread(name, *args):
 
     watcher = _threading.Thread(target=watch, daemon=True)
     watcher.start()
-    watcher.join(1.0)
+    watcher.join(0.5)
     if found:
         _looked[name] = found[0]
     return found[0] if found else None
@@ -655,7 +655,7 @@ def _forge_observations(name, *args):
     # A second set of observations, published from inside the test, claiming the driver ended.
     from IPython.display import publish_display_data
 
-    forged = {{"exercise": "kahan_sum", "seed": 0, "done": True, "records": []}}
+    forged = {{"exercise": "fp16_fate", "seed": 0, "done": True, "records": []}}
     publish_display_data({{"application/x-grader-observations": _json.dumps(forged)}}, {{}})
     return None
 
@@ -703,7 +703,10 @@ def l01_cheat(exercise: str, trick: str, honest_source: str) -> str:
         f"def {exercise}({signature}):\n"
         f"    found = {trick}({ref!r}, {args})\n"
         f"    if found is not None:\n"
-        f"        return found({args})\n"
+        f"        try:\n"
+        f"            return found({args})\n"
+        f"        except Exception:\n"
+        f"            pass\n"
         f"    if {visible}:\n"
         f"        return _honest_{exercise}({args})\n"
         f"    return {wrong}\n"
@@ -728,16 +731,9 @@ L01_STUDENTS: dict[str, dict[str, str | None]] = {
     },
     "l01-tricks-c": {
         "fp16_bits": "_patch_serializer",
-        "fp16_fate": "_by_waiting_thread",
-        "kahan_sum": "_forge_observations",
+        "fp16_fate": "_forge_observations",
+        "kahan_sum": "_read_the_judges",
         "underflow_fraction": "_hijack_observer",
-        "max_safe_scale": "_read_the_judges",
-    },
-    "l01-tricks-d": {
-        "fp16_bits": "_by_referrers",
-        "fp16_fate": "_by_defined_after_mine",
-        "kahan_sum": "_by_globals",
-        "underflow_fraction": "_by_frames",
         "max_safe_scale": None,  # honest: keeps its points beside the attacks
     },
 }
