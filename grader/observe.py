@@ -47,7 +47,7 @@ MIME = "application/x-grader-observations"
 #: Runs in the kernel (the harness execs it in a namespace of its own): defines
 #: ``new_observer(exercise, seed, torch_module)``. It imports nothing itself.
 OBSERVER = r'''
-def new_observer(exercise, seed, torch, limit=64 * 1024 * 1024):
+def new_observer(exercise, seed, torch, limit=16 * 1024 * 1024):
     import base64, io, json
 
     Tensor, dtype_type, device_type = torch.Tensor, torch.dtype, torch.device

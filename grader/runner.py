@@ -14,7 +14,9 @@ and writes one JSON answer on the stdout it was started with::
 Each graded test cell is sent as ``test_call`` with the cell's source, its index and a fresh
 nonce filled in (the kernel runs the test in a fork of itself, see ``grader/guard.py``), with
 ``verdict`` as a user expression read back with the reply; before it, every process the
-notebook left is killed (this runner is the subreaper of the kernel's tree).
+notebook left is killed (this runner is the subreaper of the kernel's tree). A test cell's first
+observations output (:data:`OBSERVATIONS`) is kept whatever the cell printed, up to a limit of its
+own; everything else a cell prints counts towards ``max_output``.
 
 ``status`` is the kernel's execute_reply status (``ok``/``error``/``aborted``) or ``timeout``,
 ``dead`` (the kernel died), ``not-run`` (after the notebook's time ran out or the kernel died),
@@ -41,6 +43,11 @@ import sys
 import time
 
 DEVNULL = os.open(os.devnull, os.O_RDWR)
+
+#: The display output that carries a converted hidden test's observations (``grader.observe.MIME``)
+#: and the most it may hold (``grader.observe.OBSERVER`` stops a driver before this).
+OBSERVATIONS = "application/x-grader-observations"
+OBSERVATIONS_LIMIT = 24 * 1024 * 1024
 
 
 def _harden() -> int:
@@ -157,7 +164,18 @@ async def _run(request: dict, events: list, timing: dict) -> list:
 
     class Client(NotebookClient):
         def output(self, outs, msg, display_id, cell_index):  # cap what a cell may print
-            size = sum(len(json.dumps(o)) for o in outs)
+            data = (msg.get("content") or {}).get("data") or {}
+            first = next((o for o in outs if OBSERVATIONS in (o.get("data") or {})), None)
+            if (
+                cell_index in graded
+                and first is None
+                and OBSERVATIONS in data
+                and len(str(data[OBSERVATIONS])) <= OBSERVATIONS_LIMIT
+            ):
+                # A test's observations (grader/observe.py), once per test cell, under a limit of
+                # their own: what the cell printed never crowds them out of the answer.
+                return super().output(outs, msg, display_id, cell_index)
+            size = sum(len(json.dumps(o)) for o in outs if o is not first)
             if size > max_output:
                 if not getattr(self, "_capped", None) == cell_index:
                     self._capped = cell_index

@@ -255,3 +255,39 @@ def test_the_judges_and_solutions_cannot_be_read_from_the_sandbox():
     limits = Limits(cell_timeout=60, notebook_timeout=120)
     answer = sandbox.execute(json.loads(json.dumps(nb)), [], Settings(limits=limits))
     assert _text(answer["cells"][0]).strip() == "[False, False, False] True", answer
+
+
+def test_what_a_test_prints_never_crowds_out_its_observations():
+    """A cell that printed more than ``max_output`` still returns its observations (an honest
+    function that prints a lot keeps its points); a second set is refused."""
+    from grader.execute import apply_answer
+    from grader.judge import apply_judges
+    from grader.keys import seed_for
+    from grader.observe import MIME
+
+    need_bwrap()
+    key = "k" * 64
+    chatty = RIGHT.replace("def fp16_bits(x):\n", "def fp16_bits(x):\n    print('.' * 5000)\n")
+    forged = "from IPython.display import publish_display_data\n" + (
+        f"publish_display_data({{{MIME!r}: 'x' * 30000}}, {{}})\n"
+    )
+    nb = new_notebook()
+    test = _lesson01_test_cell()
+    nb.cells = [new_code_cell(s) for s in (SETUP, chatty, test, RIGHT, forged + test)]
+    for i in (2, 4):
+        nb.cells[i].metadata["nbgrader"] = {
+            "grade": True,
+            "solution": False,
+            "grade_id": "fp16_bits_tests",
+            "points": 2,
+        }
+    limits = Limits(cell_timeout=120, notebook_timeout=300, max_output=20000)
+    settings = Settings(
+        limits=limits, kernel_env={"COURSE_GRADING_KEY": key, "COURSE_STUDENT_ID": "s"}
+    )
+    answer = sandbox.execute(json.loads(json.dumps(nb)), [2, 4], settings)
+    printed = sum(len(o.get("text", "")) for o in answer["cells"][2]["outputs"])
+    assert printed > limits.max_output  # what came before the observations was over the cap
+    apply_answer(nb, answer)
+    verdicts = apply_judges(nb, "01-number-formats", lambda exercise: seed_for(key, "s", exercise))
+    assert verdicts == {2: "ok", 4: "failed"}, [c.get("outputs", [])[-1:] for c in nb.cells]
