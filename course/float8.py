@@ -19,6 +19,7 @@ import torch.distributed as dist
 from IPython.display import display
 from torch import nn
 from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from course.device import DeviceProfile, float8_gemm
 from course.plotting import new_figure
@@ -45,6 +46,53 @@ def fp8_emax(fmt: torch.dtype) -> int:
     """
     _, exponent = torch.frexp(torch.tensor(fp8_max(fmt), dtype=torch.float32))
     return int(exponent) - 1
+
+
+class CastsOverflowToNaN(TorchDispatchMode):
+    """Within it, every cast to a float8 format turns values beyond the format's max into NaN.
+
+    What a plain cast does beyond the range differs between torch releases and devices (torch
+    2.13's CPU cast saturates e4m3fn and overflows e5m2 to inf; other kernels give NaN). A
+    quantizer must clamp before it casts, so that its result does not depend on the cast: under
+    this mode (``with CastsOverflowToNaN(): ...``) a quantizer that leaves the range to the cast
+    yields NaN, whichever device it runs on, and one that clamps is unchanged. It watches
+    ``.to(fmt)`` (``aten._to_copy``) and ``copy_`` into a float8 tensor, from any wider floating
+    dtype. Lesson 08 grades its quantizers under it.
+    """
+
+    _CASTS = ("_to_copy", "copy_", "copy")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        """Run ``func``; if it cast to float8, put NaN where the source was beyond the max."""
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func.overloadpacket.__name__
+        if name not in self._CASTS or not isinstance(out, torch.Tensor):
+            return out
+        if out.dtype not in FP8_FORMATS:
+            return out
+        src = args[0] if name == "_to_copy" else args[1]
+        if not isinstance(src, torch.Tensor) or not src.is_floating_point():
+            return out
+        if src.dtype in FP8_FORMATS or src.dtype == torch.float8_e8m0fnu:
+            return out
+        over = src.float().abs().expand(out.shape) > fp8_max(out.dtype)
+        if not bool(over.any()):
+            return out
+        fixed = torch.where(over, float("nan"), out.float()).to(out.dtype)
+        if name == "copy_":
+            return out.copy_(fixed)
+        return fixed
+
+
+def with_nan_overflow(fn: Callable) -> Callable:
+    """``fn`` wrapped to run under :class:`CastsOverflowToNaN` (lesson 08's graded calls)."""
+
+    def strict(*args: object, **kwargs: object) -> object:
+        with CastsOverflowToNaN():
+            return fn(*args, **kwargs)
+
+    return strict
 
 
 def cast_table(

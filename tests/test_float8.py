@@ -279,3 +279,21 @@ def test_explorer_replays_the_chosen_recipe_and_reports_unwritten_ones():
         Float8Explorer({"clamp": _clamp_recipe}, numel=100, row=64)
     with pytest.raises(ValueError):
         Float8Explorer({})
+
+
+def test_casts_overflow_to_nan_only_beyond_the_range():
+    x = torch.tensor([1.0, -448.0, 500.0, -7e4, 3e38])
+    with F8.CastsOverflowToNaN():
+        e4 = x.to(torch.float8_e4m3fn).float()
+        e5 = x.to(torch.float8_e5m2).float()
+        into = torch.empty(5, dtype=torch.float8_e4m3fn).copy_(x.bfloat16()).float()
+        clamped = x.clamp(-448, 448).to(torch.float8_e4m3fn).float()
+        back = clamped.to(torch.float8_e4m3fn).view(torch.uint8)  # float8 to float8 untouched
+    assert e4[:2].tolist() == [1.0, -448.0] and e4[2:].isnan().all()
+    assert e5[:3].tolist() == [1.0, -448.0, 512.0] and e5[3:].isnan().all()
+    assert into[2:].isnan().all() and clamped.tolist() == [1.0, -448.0, 448.0, -448.0, 448.0]
+    assert back.tolist() == clamped.to(torch.float8_e4m3fn).view(torch.uint8).tolist()
+    # Outside the mode the cast is the build's own (torch 2.13 on a CPU saturates e4m3fn).
+    assert not x.to(torch.float8_e4m3fn).float().isnan().any()
+    strict = F8.with_nan_overflow(lambda t: t.to(torch.float8_e4m3fn))
+    assert strict(x).float()[2:].isnan().all()

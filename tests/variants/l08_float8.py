@@ -54,6 +54,76 @@ def mx_quantize(x, block=32, fmt=torch.float8_e4m3fn):
 
 _FREXP = "(torch.frexp(amax)[1] - 1 - emax).clamp(-127, 127)"
 
+_CAP = "torch.finfo(torch.float32).max"
+
+WRONG_CLAMPS = {
+    # Clamps only for e5m2, whose cast overflows to inf, and leaves e4m3fn to the cast (which
+    # saturates on some devices and releases and gives NaN on others).
+    "current_clamps_only_e5m2": (
+        "current_scaling",
+        _CURRENT_HEAD
+        + f"""
+    amax = xf.abs().amax() if axis is None else xf.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, (fmax / amax).clamp(max={_CAP}), torch.ones_like(amax))
+    scaled = xf * scale
+    if fmt == torch.float8_e5m2:
+        scaled = scaled.clamp(-fmax, fmax)
+    return scaled.to(fmt), scale
+""",
+    ),
+    # No clamp at all ("the scale puts the amax on fmax, so nothing is beyond it"): in float32
+    # amax * (fmax / amax) can be one rounding step above fmax.
+    "current_no_clamp": (
+        "current_scaling",
+        _CURRENT_HEAD
+        + f"""
+    amax = xf.abs().amax() if axis is None else xf.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, (fmax / amax).clamp(max={_CAP}), torch.ones_like(amax))
+    return (xf * scale).to(fmt), scale
+""",
+    ),
+    # No cap on the scale: for an amax below ~1e-36, fmax / amax is inf and 0 * inf is NaN.
+    "current_scale_overflows_for_tiny_amax": (
+        "current_scaling",
+        _CURRENT_HEAD
+        + """
+    amax = xf.abs().amax() if axis is None else xf.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, fmax / amax, torch.ones_like(amax))
+    return (xf * scale).clamp(-fmax, fmax).to(fmt), scale
+""",
+    ),
+    # Clamps only for e5m2 and leaves e4m3fn's saturation to the cast.
+    "scaling_clamps_only_e5m2": (
+        "fp8_scaler",
+        _SCALING_HEAD
+        + f"""
+    def quantize(self, x):
+        top = max(self.amax_history, default=0.0)
+        scale = min(self.fmax / top / 2.0**self.margin, {_CAP}) if top > 0 else 1.0
+        scaled = x.float() * scale
+        if self.fmt == torch.float8_e5m2:
+            scaled = scaled.clamp(-self.fmax, self.fmax)
+        self.amax_history.append(float(x.detach().abs().max()))
+        del self.amax_history[:-self.history_len]
+        return scaled.to(self.fmt), scale
+""",
+    ),
+    # No cap on the scale: a history of float32 subnormals gives a scale beyond float32.
+    "scaling_scale_overflows_for_tiny_amax": (
+        "fp8_scaler",
+        _SCALING_HEAD
+        + """
+    def quantize(self, x):
+        top = max(self.amax_history, default=0.0)
+        scale = self.fmax / top / 2.0**self.margin if top > 0 else 1.0
+        x_fp8 = (x.float() * scale).clamp(-self.fmax, self.fmax).to(self.fmt)
+        self.amax_history.append(float(x.detach().abs().max()))
+        del self.amax_history[:-self.history_len]
+        return x_fp8, scale
+""",
+    ),
+}
+
 VARIANTS = {
     # No case for an all-zero tensor or row: fmax / 0 = inf, and 0 * inf = NaN.
     "current_zero_gives_nan": (
@@ -278,6 +348,17 @@ def mx_quantize(x, block=32, fmt=torch.float8_e4m3fn):
         "mx_block_quantize",
         _mx(_FREXP, zero_block="scale_exp"),
     ),
+    # Clamps only for e5m2 and leaves e4m3fn's saturation to the cast.
+    "mx_clamps_only_e5m2": (
+        "mx_block_quantize",
+        _mx(_FREXP, clamp="").replace(
+            "    x_fp8 = scaled.to(fmt)",
+            "    if fmt == torch.float8_e5m2:\n"
+            "        scaled = scaled.clamp(-fmax, fmax)\n"
+            "    x_fp8 = scaled.to(fmt)",
+        ),
+    ),
+    **WRONG_CLAMPS,
     # Cuts the flattened tensor into blocks of 32, so blocks run across rows.
     "mx_blocks_across_rows": (
         "mx_block_quantize",
@@ -317,6 +398,7 @@ def quantize_current(x, fmt=torch.float8_e4m3fn, axis=None):
         amax = torch.linalg.vector_norm(xf, ord=float("inf"), dim=-1, keepdim=True)
     zero = amax == 0
     scale = (fmax / amax.masked_fill(zero, 1.0)).masked_fill(zero, 1.0)
+    scale = torch.nan_to_num(scale, posinf=torch.finfo(torch.float32).max)
     return torch.clamp(xf * scale, min=-fmax, max=fmax).to(fmt), scale
 """,
     ),
@@ -335,7 +417,7 @@ class DelayedScaling:
     def quantize(self, x):
         fmax = torch.finfo(self.fmt).max
         top = max(self.amax_history) if self.amax_history else 0.0
-        scale = fmax / top / 2**self.margin if top > 0 else 1.0
+        scale = min(fmax / top / 2**self.margin, torch.finfo(torch.float32).max) if top else 1.0
         out = torch.clamp(x.float() * scale, -fmax, fmax).to(self.fmt)
         self.amax_history.append(x.abs().max().item())
         return out, scale
@@ -384,7 +466,8 @@ def quantize_current(x, fmt=torch.float8_e4m3fn, axis=None):
     xf = x.to(torch.float32)
     dims = tuple(range(xf.dim())) if axis is None else (-1,)
     amax = xf.abs().amax(dim=dims, keepdim=axis is not None).double()
-    scale = torch.where(amax == 0, 1.0, fmax / amax).to(torch.float32)
+    quotient = torch.minimum(fmax / amax, torch.tensor(torch.finfo(torch.float32).max).double())
+    scale = torch.where(amax == 0, 1.0, quotient).to(torch.float32)
     out = torch.minimum(torch.maximum(xf * scale, torch.tensor(-fmax)), torch.tensor(fmax))
     return out.to(fmt), scale
 """,
@@ -402,6 +485,7 @@ class DelayedScaling:
         fmax = float(torch.finfo(self.fmt).max)
         top = max(self.amax_history) if self.amax_history else 0.0
         scale = math.ldexp(fmax / top, -self.margin) if top > 0 else 1.0
+        scale = min(scale, float.fromhex("0x1.fffffep127"))  # float32's largest finite value
         x_fp8 = x.to(torch.float32).mul(scale).clamp(min=-fmax, max=fmax).to(self.fmt)
         self.amax_history.append(x.abs().amax().item())
         if len(self.amax_history) > self.history_len:
