@@ -86,6 +86,8 @@ class FSDPConfig:
     *global* batch of a step with :meth:`batch`; rank ``r`` of ``W`` trains on
     ``x.chunk(W)[r]``. FSDP2's policy is ``MixedPrecisionPolicy(param_dtype=param_dtype,
     reduce_dtype=reduce_dtype)``; the optimizer is AdamW over the sharded parameters.
+    ``unit_dtypes`` (root first, then each block) stores the units in other dtypes than
+    float32 (:func:`memory_worker` measures such models).
     """
 
     n_in: int = 16
@@ -100,11 +102,22 @@ class FSDPConfig:
     param_dtype: torch.dtype = torch.bfloat16
     reduce_dtype: torch.dtype = torch.float32
     seed: int = 0
+    unit_dtypes: tuple[torch.dtype, ...] = ()
 
     def make_model(self) -> ShardedNet:
-        """The model, in float32 on the CPU; the same weights on every call."""
+        """The model on the CPU, the same weights on every call: float32, or with
+        ``unit_dtypes`` the root's parameters (``embed``, ``head``) in its first dtype and block
+        ``i``'s in dtype ``i + 1`` (one dtype per unit, as FSDP2 asks)."""
         torch.manual_seed(self.seed)
-        return ShardedNet(self.n_in, self.width, self.hidden, self.depth, self.n_out)
+        model = ShardedNet(self.n_in, self.width, self.hidden, self.depth, self.n_out)
+        if self.unit_dtypes:
+            if len(self.unit_dtypes) != 1 + self.depth:
+                raise ValueError(f"unit_dtypes needs {1 + self.depth} dtypes (root, blocks)")
+            model.embed.to(self.unit_dtypes[0])
+            model.head.to(self.unit_dtypes[0])
+            for block, dtype in zip(model.blocks, self.unit_dtypes[1:], strict=True):
+                block.to(dtype)
+        return model
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:
         """AdamW over ``params`` (its state lives on the shards it is given)."""
@@ -313,8 +326,14 @@ def memory_worker(rank: int, world_size: int, spec: MemorySpec) -> dict:
     ``grads`` (the sharded gradients after the step's reduce-scatter), ``optimizer`` (every
     tensor in the optimizer's state, AdamW's 0-d ``step`` included) and ``gathered`` (the
     largest unit's parameters while that unit runs its forward: the all-gathered copy in
-    ``param_dtype``). Also ``units`` (bytes gathered per unit, "root" first), ``local_rows`` and
+    ``param_dtype``) and ``backward_peak`` (the largest unit's bytes held at once while its
+    gradients are reduced: the unsharded gradients, in ``param_dtype``, and the reduce-scatter
+    input, padded, in ``reduce_dtype``, both counted at FSDP2's copy-in, see
+    :func:`record_backward_peaks`). Also ``units`` (bytes gathered per unit, "root" first),
+    ``peaks`` (backward peak per reduction, in the order FSDP2 reduced), ``local_rows`` and
     ``head_state`` (dtype and local shape of each optimizer state tensor of ``head.weight``).
+    Each ``nn.Linear`` casts its input to its weight's dtype, so units stored in different
+    dtypes (``unit_dtypes``) run without a ``param_dtype``.
     """
     _refuse_while_grading("memory_worker")
     cfg = spec.config
@@ -335,6 +354,11 @@ def memory_worker(rank: int, world_size: int, spec: MemorySpec) -> dict:
 
     handles = [model.register_forward_pre_hook(measure("root"))]
     handles += [b.register_forward_pre_hook(measure(f"blocks.{i}")) for i, b in enumerate(blocks)]
+    handles += [
+        m.register_forward_pre_hook(_cast_to_weight)
+        for m in model.modules()
+        if isinstance(m, nn.Linear)
+    ]
     if spec.optimizer == "adamw":
         optimizer = cfg.make_optimizer(model.parameters())
     elif spec.optimizer == "sgd":
@@ -343,7 +367,8 @@ def memory_worker(rank: int, world_size: int, spec: MemorySpec) -> dict:
         raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {spec.optimizer!r}")
     x, y = cfg.batch(0)
     x, y = x.chunk(world_size)[rank], y.chunk(world_size)[rank]
-    cfg.loss_fn(model(x.to(rank_device())), y.to(rank_device())).backward()
+    with record_backward_peaks() as peaks:
+        cfg.loss_fn(model(x.to(rank_device())), y.to(rank_device())).backward()
     for h in handles:
         h.remove()
     params = list(model.parameters())
@@ -359,13 +384,48 @@ def memory_worker(rank: int, world_size: int, spec: MemorySpec) -> dict:
         if torch.is_tensor(v)
     )
     result["gathered"] = max(gathered.values())
+    result["backward_peak"] = max(peaks)
     result["units"] = gathered
+    result["peaks"] = peaks
     result["local_rows"] = {n: tuple(local(p).shape) for n, p in model.named_parameters()}
     result["head_state"] = {
         key: (str(value.dtype).removeprefix("torch."), tuple(local(value).shape))
         for key, value in optimizer.state[model.head.weight].items()
     }
     return result
+
+
+def _cast_to_weight(module: nn.Module, args: tuple) -> tuple:
+    return tuple(a.to(module.weight.dtype) if torch.is_tensor(a) else a for a in args)
+
+
+@contextlib.contextmanager
+def record_backward_peaks() -> Iterator[list[int]]:
+    """Inside a rank: per gradient reduction, the bytes FSDP2 holds at once (lesson 07).
+
+    FSDP2 (torch 2.13, ``foreach_reduce`` in
+    ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``) allocates the reduce-scatter
+    input (every gradient padded to a multiple of the world size in rows, in ``reduce_dtype``),
+    copies the unit's unsharded gradients (in ``param_dtype``) into it with
+    ``foreach_reduce_scatter_copy_in``, and only then frees them. This wraps that function and
+    appends, per call, the bytes of both: the unit's backward peak beyond what stays resident.
+    """
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives as collectives
+
+    original = collectives.foreach_reduce_scatter_copy_in
+    peaks: list[int] = []
+
+    def counted(unsharded_grads, reduce_scatter_input, world_size):
+        held = sum(g.numel() * g.element_size() for g in unsharded_grads)
+        held += reduce_scatter_input.numel() * reduce_scatter_input.element_size()
+        peaks.append(held)
+        return original(unsharded_grads, reduce_scatter_input, world_size)
+
+    collectives.foreach_reduce_scatter_copy_in = counted
+    try:
+        yield peaks
+    finally:
+        collectives.foreach_reduce_scatter_copy_in = original
 
 
 def measure_memory(

@@ -118,6 +118,34 @@ def test_memory_counts_partition_the_model(world_size):
     }
 
 
+@pytest.mark.parametrize("reduce_dtype", [torch.float32, torch.bfloat16])
+def test_backward_peak_and_mixed_unit_dtypes(reduce_dtype):
+    """Units stored in bfloat16 and float32: shards and gradients keep each unit's dtype, the
+    backward peak is a unit's full gradients plus its padded reduce-scatter input."""
+    bf16, f32 = torch.bfloat16, torch.float32
+    cfg = replace(SMALL, param_dtype=None, reduce_dtype=reduce_dtype, unit_dtypes=(bf16, f32, bf16))
+    r0 = measure_memory(cfg, 2, "adamw")[0]
+    model = cfg.make_model()
+    assert {p.dtype for p in model.blocks[0].parameters()} == {f32}
+    assert {p.dtype for p in model.head.parameters()} == {bf16}
+    shard = sum(
+        -(-p.shape[0] // 2) * (p.numel() // p.shape[0]) * p.element_size()
+        for p in model.parameters()
+    )
+    assert r0["params"] == r0["grads"] == shard  # the reduced gradient is cast back
+    units = [[p for n, p in model.named_parameters() if not n.startswith("blocks.")]]
+    units += [list(b.parameters()) for b in model.blocks]
+    peaks = []
+    for unit in units:
+        full = sum(p.numel() for p in unit) * unit[0].element_size()
+        padded = sum(-(-p.shape[0] // 2) * 2 * (p.numel() // p.shape[0]) for p in unit)
+        peaks.append(full + padded * reduce_dtype.itemsize)
+    # FSDP2 reduces the units in backward order: the last block first, the root last
+    assert r0["peaks"] == [peaks[2], peaks[1], peaks[0]]
+    assert r0["backward_peak"] == max(peaks)
+    assert r0["gathered"] == max(sum(p.numel() * p.element_size() for p in u) for u in units)
+
+
 def test_memory_with_sgd_and_float32_compute():
     cfg = replace(SMALL, param_dtype=None)
     r0 = measure_memory(cfg, 2, "sgd")[0]
