@@ -16,6 +16,59 @@ _WORKER_LOOP = """
         losses.append(loss.item())
 """
 
+#: A correct backward peak, for the shard_memory variants wrong elsewhere.
+_PEAK = """
+def _backward_peak(model, world_size, policy):
+    in_blocks = {id(p) for p in model.blocks.parameters()}
+    units = [list(b.parameters()) for b in model.blocks]
+    units.append([p for p in model.parameters() if id(p) not in in_blocks])
+    peaks = []
+    for unit in units:
+        grad = policy.param_dtype or unit[0].dtype
+        padded = sum(math.ceil(p.shape[0] / world_size) * world_size * (p.numel() // p.shape[0])
+                     for p in unit)
+        full = sum(p.numel() for p in unit)
+        peaks.append(full * grad.itemsize + padded * (policy.reduce_dtype or grad).itemsize)
+    return max(peaks)
+
+"""
+
+
+def _shard_memory(comment: str, **parts: str) -> str:
+    """A shard_memory that is right except for ``parts`` (see the defaults below)."""
+    given = {
+        "element": "p.element_size()",
+        "grad_element": "p.element_size()",
+        "units": "blocks + [root]",
+        "padded_rows": "math.ceil(p.shape[0] / world_size) * world_size",
+        "reduce": "policy.reduce_dtype or grad",
+        **parts,
+    }
+    return f"""
+def shard_memory(model, world_size, policy, optimizer="adamw"):
+    # {comment}
+    params = list(model.parameters())
+    rows = lambda p: math.ceil(p.shape[0] / world_size) * (p.numel() // p.shape[0])
+    sharded = sum(rows(p) * {given["element"]} for p in params)
+    grads = sum(rows(p) * {given["grad_element"]} for p in params)
+    state = 2 * sharded + 4 * len(params) if optimizer == "adamw" else sharded
+    in_blocks = {{id(p) for p in model.blocks.parameters()}}
+    blocks = [list(b.parameters()) for b in model.blocks]
+    root = [p for p in params if id(p) not in in_blocks]
+    embed, head = list(model.embed.parameters()), list(model.head.parameters())
+    units = {given["units"]}
+    gathered, peaks = [], []
+    for unit in units:
+        grad = policy.param_dtype or unit[0].dtype
+        full = sum(p.numel() for p in unit)
+        padded = sum({given["padded_rows"]} * (p.numel() // p.shape[0]) for p in unit)
+        gathered.append(full * grad.itemsize)
+        peaks.append(full * grad.itemsize + padded * ({given["reduce"]}).itemsize)
+    return {{"params": sharded, "grads": grads, "optimizer": state, "gathered": max(gathered),
+            "backward_peak": max(peaks)}}
+"""
+
+
 VARIANTS = {
     "fsdp_reduce_dtype_left_bf16": (
         "fsdp_amp_worker",
@@ -25,6 +78,23 @@ def fsdp_amp_worker(rank, world_size, config):
     # the contract asks config.reduce_dtype (float32).
     model = config.make_model()
     policy = MixedPrecisionPolicy(param_dtype=config.param_dtype)
+    for block in model.blocks:
+        fully_shard(block, mesh=rank_mesh(), mp_policy=policy)
+    fully_shard(model, mesh=rank_mesh(), mp_policy=policy)
+"""
+        + _WORKER_LOOP
+        + """
+    state = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    return {"state_dict": state, "losses": losses}
+""",
+    ),
+    "fsdp_reduce_dtype_hard_coded_float32": (
+        "fsdp_amp_worker",
+        """
+def fsdp_amp_worker(rank, world_size, config):
+    # Wrong: reduce_dtype hard-coded to float32 (the usual recipe) instead of the config's.
+    model = config.make_model()
+    policy = MixedPrecisionPolicy(param_dtype=config.param_dtype, reduce_dtype=torch.float32)
     for block in model.blocks:
         fully_shard(block, mesh=rank_mesh(), mp_policy=policy)
     fully_shard(model, mesh=rank_mesh(), mp_policy=policy)
@@ -96,7 +166,8 @@ def fsdp_amp_worker(rank, world_size, config):
     ),
     "shard_memory_unsharded": (
         "shard_memory",
-        """
+        _PEAK
+        + """
 def shard_memory(model, world_size, policy, optimizer="adamw"):
     # Wrong: counts the unsharded model on every rank (what DDP holds, not FSDP).
     params = list(model.parameters())
@@ -107,12 +178,14 @@ def shard_memory(model, world_size, policy, optimizer="adamw"):
     units = [list(b.parameters()) for b in model.blocks]
     units.append([p for p in params if id(p) not in in_blocks])
     gathered = max(sum(p.numel() * dtype_size(p) for p in unit) for unit in units)
-    return {"params": full, "grads": full, "optimizer": state, "gathered": gathered}
+    return {"params": full, "grads": full, "optimizer": state, "gathered": gathered,
+            "backward_peak": _backward_peak(model, world_size, policy)}
 """,
     ),
     "shard_memory_optimizer_bf16": (
         "shard_memory",
-        """
+        _PEAK
+        + """
 def shard_memory(model, world_size, policy, optimizer="adamw"):
     # Wrong: counts the optimizer state in bfloat16 (2 bytes), as if it followed param_dtype;
     # AdamW's state lives on the float32 shards.
@@ -128,12 +201,14 @@ def shard_memory(model, world_size, policy, optimizer="adamw"):
     units = [list(b.parameters()) for b in model.blocks]
     units.append([p for p in params if id(p) not in in_blocks])
     gathered = max(sum(p.numel() * dtype_size(p) for p in unit) for unit in units)
-    return {"params": sharded, "grads": sharded, "optimizer": state, "gathered": gathered}
+    return {"params": sharded, "grads": sharded, "optimizer": state, "gathered": gathered,
+            "backward_peak": _backward_peak(model, world_size, policy)}
 """,
     ),
     "shard_memory_floor_rows": (
         "shard_memory",
-        """
+        _PEAK
+        + """
 def shard_memory(model, world_size, policy, optimizer="adamw"):
     # Wrong: rows // world_size, so rank 0's share of a row count that does not divide evenly
     # is too small (torch.chunk gives rank 0 ceil(rows / world_size)).
@@ -146,12 +221,14 @@ def shard_memory(model, world_size, policy, optimizer="adamw"):
     units = [list(b.parameters()) for b in model.blocks]
     units.append([p for p in params if id(p) not in in_blocks])
     gathered = max(sum(p.numel() * dtype_size(p) for p in unit) for unit in units)
-    return {"params": sharded, "grads": sharded, "optimizer": state, "gathered": gathered}
+    return {"params": sharded, "grads": sharded, "optimizer": state, "gathered": gathered,
+            "backward_peak": _backward_peak(model, world_size, policy)}
 """,
     ),
     "shard_memory_gathered_whole_model": (
         "shard_memory",
-        """
+        _PEAK
+        + """
 def shard_memory(model, world_size, policy, optimizer="adamw"):
     # Wrong: the gathered copy counted for the whole model, as if it were one unit.
     params = list(model.parameters())
@@ -160,8 +237,54 @@ def shard_memory(model, world_size, policy, optimizer="adamw"):
     state = 2 * sharded + 4 * len(params) if optimizer == "adamw" else sharded
     dtype_size = lambda p: (policy.param_dtype or p.dtype).itemsize
     gathered = sum(p.numel() * dtype_size(p) for p in params)
-    return {"params": sharded, "grads": sharded, "optimizer": state, "gathered": gathered}
+    return {"params": sharded, "grads": sharded, "optimizer": state, "gathered": gathered,
+            "backward_peak": _backward_peak(model, world_size, policy)}
 """,
+    ),
+    "shard_memory_grads_in_reduce_dtype": (
+        "shard_memory",
+        _shard_memory(
+            "Wrong: the sharded gradients counted in reduce_dtype; FSDP2 casts the reduced "
+            "gradient back to the parameter's dtype.",
+            grad_element="(policy.reduce_dtype or policy.param_dtype or p.dtype).itemsize",
+        ),
+    ),
+    "shard_memory_four_bytes_per_element": (
+        "shard_memory",
+        _shard_memory(
+            "Wrong: 4 bytes per element of every shard, as if every parameter were float32.",
+            element="4",
+            grad_element="4",
+        ),
+    ),
+    "shard_memory_root_forgotten": (
+        "shard_memory",
+        _shard_memory(
+            "Wrong: only the blocks counted as units; the root is one too.", units="blocks"
+        ),
+    ),
+    "shard_memory_embed_head_separate_units": (
+        "shard_memory",
+        _shard_memory(
+            "Wrong: embed and head counted as two units; fully_shard(model) makes one root "
+            "unit of every parameter outside the blocks.",
+            units="blocks + [embed, head]",
+        ),
+    ),
+    "shard_memory_peak_unpadded": (
+        "shard_memory",
+        _shard_memory(
+            "Wrong: the reduce-scatter input counted without the padding to equal shards.",
+            padded_rows="p.shape[0]",
+        ),
+    ),
+    "shard_memory_peak_reduce_in_gradient_dtype": (
+        "shard_memory",
+        _shard_memory(
+            "Wrong: the reduce-scatter input counted in the gradients' dtype, as if reduce_dtype "
+            "cost no memory.",
+            reduce="grad",
+        ),
     ),
     "sr_round_to_nearest": (
         "stochastic_round_bf16",
@@ -239,9 +362,10 @@ def shard_memory(model, world_size, policy, optimizer="adamw"):
     config = FSDPConfig(
         n_in=model.embed.in_features, width=model.embed.out_features,
         hidden=model.blocks[0].fc1.out_features, depth=len(model.blocks),
-        n_out=model.head.out_features, param_dtype=policy.param_dtype)
+        n_out=model.head.out_features, param_dtype=policy.param_dtype,
+        reduce_dtype=policy.reduce_dtype)
     rank0 = course.sharded.measure_memory(config, world_size, optimizer, backend="gloo")[0]
-    return {k: rank0[k] for k in ("params", "grads", "optimizer", "gathered")}
+    return {k: rank0[k] for k in ("params", "grads", "optimizer", "gathered", "backward_peak")}
 """,
     ),
     "sr_float32_noise_then_nearest": (
@@ -256,6 +380,71 @@ def stochastic_round_bf16(x, generator=None):
     hi = ((bits & -65536) + 65536).view(torch.float32)
     u = torch.rand(x.shape, device=x.device, generator=generator) - 0.5
     return torch.where(x == lo, x, x + u * (hi - lo)).to(torch.bfloat16)
+""",
+    ),
+    "sr_fresh_generator_every_call": (
+        "stochastic_round_bf16",
+        """
+def stochastic_round_bf16(x, generator=None):
+    # Wrong: ignores the generator it is given and seeds a fresh one identically on every call,
+    # so every call rounds the same way (reproducible, but never independent).
+    generator = torch.Generator(device=x.device).manual_seed(0)
+    bits = x.contiguous().view(torch.int32)
+    noise = torch.randint(0, 1 << 16, x.shape, dtype=torch.int32, device=x.device,
+                          generator=generator)
+    return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)
+""",
+    ),
+    "sr_fixed_dither_by_position": (
+        "stochastic_round_bf16",
+        """
+def stochastic_round_bf16(x, generator=None):
+    # Wrong: a fixed dither pattern by element position (a golden-ratio sequence) instead of
+    # random numbers: right on average along the tensor, the same pattern on every call.
+    bits = x.contiguous().view(torch.int32)
+    index = torch.arange(x.numel(), dtype=torch.float64, device=x.device).reshape(x.shape)
+    noise = ((index * 0.6180339887498949) % 1 * 65536).to(torch.int32)
+    return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)
+""",
+    ),
+    "sr_five_random_bits": (
+        "stochastic_round_bf16",
+        """
+def stochastic_round_bf16(x, generator=None):
+    # Wrong: 5 random bits instead of 16 (noise in steps of 2^11): the probability of rounding
+    # up is floor(low / 2^11) / 32, biased toward zero by up to 1/32 of a gap.
+    bits = x.contiguous().view(torch.int32)
+    noise = torch.randint(0, 32, x.shape, dtype=torch.int32, device=x.device,
+                          generator=generator) << 11
+    return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)
+""",
+    ),
+    "sr_probability_shifted": (
+        "stochastic_round_bf16",
+        """
+def stochastic_round_bf16(x, generator=None):
+    # Wrong: rounds away from zero with probability fraction + 0.03 (an off-by-a-little
+    # threshold): biased away from zero by 3% of a gap.
+    bits = x.contiguous().view(torch.int32)
+    lo_bits = bits & -65536
+    frac = (bits & 65535).double() / 65536
+    u = torch.rand(x.shape, dtype=torch.float64, device=x.device, generator=generator)
+    up = (u < frac + 0.03) & (frac > 0)
+    return torch.where(up, lo_bits + 65536, lo_bits).view(torch.float32).to(torch.bfloat16)
+""",
+    ),
+    "sr_own_generator_when_none": (
+        "stochastic_round_bf16",
+        """
+def stochastic_round_bf16(x, generator=None):
+    # Wrong: without a generator, draws from a new torch.Generator() (always the same default
+    # seed) instead of torch's global generator.
+    if generator is None:
+        generator = torch.Generator(device=x.device)
+    bits = x.contiguous().view(torch.int32)
+    noise = torch.randint(0, 1 << 16, x.shape, dtype=torch.int32, device=x.device,
+                          generator=generator)
+    return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)
 """,
     ),
 }
@@ -291,6 +480,25 @@ def fsdp_amp_worker(rank, world_size, config):
     return {"state_dict": dict(state), "losses": losses}
 """,
     ),
+    "fsdp_destroys_process_group": (
+        "fsdp_amp_worker",
+        """
+def fsdp_amp_worker(rank, world_size, config):
+    # Valid: ends as an FSDP script does, with dist.destroy_process_group().
+    model = config.make_model()
+    policy = MixedPrecisionPolicy(param_dtype=config.param_dtype, reduce_dtype=config.reduce_dtype)
+    for block in model.blocks:
+        fully_shard(block, mesh=rank_mesh(), mp_policy=policy)
+    fully_shard(model, mesh=rank_mesh(), mp_policy=policy)
+"""
+        + _WORKER_LOOP
+        + """
+    state = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"state_dict": state, "losses": losses}
+""",
+    ),
     "shard_memory_meta_chunks": (
         "shard_memory",
         """
@@ -310,8 +518,17 @@ def shard_memory(model, world_size, policy, optimizer="adamw"):
     unit_sizes = [sum(nbytes(compute(p)) for p in block.parameters()) for block in model.blocks]
     root = sum(nbytes(compute(p)) for name, p in model.named_parameters()
                if not name.startswith("blocks."))
+    units = [list(block.parameters()) for block in model.blocks]
+    units.append([p for name, p in model.named_parameters() if not name.startswith("blocks.")])
+    peaks = []
+    for unit in units:
+        grads = [compute(p) for p in unit]
+        reduce = policy.reduce_dtype or grads[0].dtype
+        sent = [torch.empty(p.shape, dtype=reduce, device="meta").chunk(world_size)[0]
+                for p in unit]
+        peaks.append(sum(nbytes(g) for g in grads) + world_size * sum(nbytes(t) for t in sent))
     return {"params": int(params), "grads": int(params), "optimizer": int(state),
-            "gathered": int(max(unit_sizes + [root]))}
+            "gathered": int(max(unit_sizes + [root])), "backward_peak": int(max(peaks))}
 """,
     ),
     "sr_float_neighbours": (
@@ -371,7 +588,16 @@ def shard_memory(model, world_size, policy, optimizer="adamw"):
     block_ids = {id(p) for p in model.blocks.parameters()}
     units = [sum(p.numel() * size(p) for p in b.parameters()) for b in model.blocks]
     units.append(sum(p.numel() * size(p) for p in model.parameters() if id(p) not in block_ids))
-    return {"params": shard, "grads": shard, "optimizer": state, "gathered": max(units)}
+    peaks = []
+    for unit in [list(b.parameters()) for b in model.blocks] + [
+        [p for p in model.parameters() if id(p) not in block_ids]
+    ]:
+        grad_size = policy.param_dtype.itemsize if policy.param_dtype else unit[0].element_size()
+        reduce_size = policy.reduce_dtype.itemsize if policy.reduce_dtype else grad_size
+        padded = sum(-(-p.shape[0] // world_size) * world_size * p[0].numel() for p in unit)
+        peaks.append(sum(p.numel() for p in unit) * grad_size + padded * reduce_size)
+    return {"params": shard, "grads": shard, "optimizer": state, "gathered": max(units),
+            "backward_peak": max(peaks)}
 """,
     ),
     "sr_int64_bits": (
