@@ -52,6 +52,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -365,10 +366,15 @@ def lms_points(root: Path, lesson: str, lms: str, assignment_id: str | None = No
     sheet = read_lms_sheet(path)
     if lms == "moodle":
         return sheet.points.get("")
-    for column, points in sheet.points.items():
-        if (assignment_id and column.endswith(f"({assignment_id})")) or lesson in column:
-            return points
-    return None
+    if assignment_id:  # Canvas titles a column "<name> (<assignment id>)"
+        hits = [p for col, p in sheet.points.items() if col.endswith(f"({assignment_id})")]
+    else:  # by name: only a column titled exactly the lesson, and only one
+        hits = [
+            p
+            for col, p in sheet.points.items()
+            if re.sub(r"\s*\(\d+\)$", "", col).strip() == lesson
+        ]
+    return hits[0] if len(hits) == 1 else None
 
 
 def _scale(
@@ -380,10 +386,21 @@ def _scale(
     result: LmsExport,
 ) -> float:
     """The LMS maximum for ``g``'s lesson (refuses without one); warns when it scales."""
-    top = given.get(g.lesson, given.get("")) or lms_points(root, g.lesson, lms, ids.get(g.lesson))
+    top = given.get(g.lesson, given.get(""))
     if top is None:
+        top = lms_points(root, g.lesson, lms, ids.get(g.lesson))
+    if top is None:
+        from grader.intake import sheet_copy_path
+
+        kept = sheet_copy_path(root, g.lesson, lms)
+        where = (
+            f" ({kept} has no single column for {g.lesson}: give --lms-assignment "
+            f"{g.lesson}=ID, the id in its column title)"
+            if kept.is_file() and lms == "canvas"
+            else ""
+        )
         raise ValueError(
-            f"{g.lesson}: the {lms.capitalize()} assignment's maximum is not known: give "
+            f"{g.lesson}: the {lms.capitalize()} assignment's maximum is not known{where}: give "
             f"--points-possible {g.lesson}=N (N: the points it is worth in {lms.capitalize()}; "
             f"{_points(g.max_score)} sends the lesson's points unscaled), or the LMS's own "
             "download (Moodle grading worksheet / Canvas gradebook export) as --roster at intake"

@@ -360,6 +360,8 @@ def place(
             old = folder / "timestamp.txt"
             if not old.is_file() or old.read_text() != stamp:  # a better-known time (worksheet)
                 old.write_text(stamp)
+            for name, content in (extra or {}).items():  # each exchange submission's own secret
+                (folder / name).write_bytes(content)
             return
         if not replace:
             report.kept_existing.append((student, source))
@@ -457,7 +459,16 @@ def intake_zip(
         if ident.get("lms") == "moodle" and lms_sheet and ident["lms_id"] in lms_sheet.submitted:
             when, sources[student] = lms_sheet.submitted[ident["lms_id"]], "Moodle worksheet"
         elif given:
-            parsed_at = datetime.fromisoformat(given)
+            try:
+                bare = given.removesuffix("UTC").strip()
+                parsed_at = datetime.fromisoformat(bare)
+                if bare != given and parsed_at.tzinfo is None:
+                    parsed_at = parsed_at.replace(tzinfo=UTC)
+            except ValueError:
+                raise ValueError(
+                    f"roster: student {student}: submitted_at {given!r} is not ISO 8601 "
+                    "(e.g. 2026-11-20T23:59+01:00; no zone: --lms-timezone)"
+                ) from None
             when = (parsed_at if parsed_at.tzinfo else parsed_at.replace(tzinfo=zone)).astimezone(
                 UTC
             )

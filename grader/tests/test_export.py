@@ -444,3 +444,29 @@ def test_canvas_points_possible_read_from_its_gradebook_export(tmp_path):
     assert float(rows[1][5]) == 70 and float(rows[2][5]) == 35
     assert rows[2][:5] == ["Lee, Carol", "1003", "S-03", "clee", "Lab B"]
     assert any("scaled from 14 points to the Canvas assignment's 70" in w for w in result.warnings)
+
+
+def test_canvas_points_possible_from_the_assignments_own_column(tmp_path):
+    """The Points Possible read from Canvas's export is the column of that assignment: by its id
+    when given (not an earlier column whose title contains the lesson's name), else by a title
+    that is exactly the lesson; an ambiguous or missing one refuses and says what to give."""
+    root = tmp_path / "course"
+    root.mkdir()
+    archive = tmp_path / "c.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr(f"leecarol_1003_5003_{LESSON}.ipynb", b"{}")
+    export = tmp_path / "gradebook-export.csv"
+    export.write_text(
+        f"Student,ID,SIS User ID,SIS Login ID,Section,{LESSON} quiz (11),{LESSON} (4242)\n"
+        "    Points Possible,,,,,10.00,70.00\n"
+        f'"Lee, Carol",1003,S-03,clee,Lab B,8,\n'
+    )
+    intake_zip(root, LESSON, archive, sheet=export)
+    _grades(root, {"1003": 7})
+    out = tmp_path / "c.csv"
+    export_canvas(root, out, [LESSON], assignment_ids={LESSON: "4242"})
+    assert float(_rows(out)[1][5]) == 70
+    export_canvas(root, out, [LESSON])  # no id: the column titled exactly the lesson
+    assert float(_rows(out)[1][5]) == 70
+    with pytest.raises(ValueError, match="--lms-assignment"):
+        export_canvas(root, out, [LESSON], assignment_ids={LESSON: "999"})

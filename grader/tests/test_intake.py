@@ -306,6 +306,40 @@ def test_exchange_keeps_nbgraders_files_verbatim(tmp_path):
     assert seen["alice"]["lms"] == "exchange"
 
 
+def test_exchange_resubmission_of_the_same_notebook_keeps_its_new_secret(tmp_path):
+    """Each nbgrader submit writes a new secret; the one beside the notebook is the latest's,
+    as is its timestamp, even when the notebook did not change."""
+    root = tmp_path / "course"
+    inbound = tmp_path / "exchange" / "mixed-precision" / "inbound"
+    for stamp, secret in (
+        ("2026-11-02 10:00:00.1 UTC", "first"),
+        ("2026-11-03 10:00:00.1 UTC", "second"),
+    ):
+        folder = inbound / f"alice+{LESSON}+{stamp}+ab12"
+        folder.mkdir(parents=True)
+        (folder / f"{LESSON}.ipynb").write_bytes(NB)
+        (folder / "timestamp.txt").write_text(stamp)
+        (folder / "submission_secret.txt").write_text(secret)
+        report = intake_exchange(root, LESSON, tmp_path / "exchange")
+    dest = root / "submitted" / "alice" / LESSON
+    assert report.unchanged and (dest / "submission_secret.txt").read_text() == "second"
+    assert (dest / "timestamp.txt").read_text() == "2026-11-03 10:00:00.1 UTC"
+
+
+def test_roster_submitted_at_not_iso_names_the_student(tmp_path):
+    root = tmp_path / "course"
+    z = tmp_path / "c.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        zf.writestr(f"doejane_12345_67890_{LESSON}.ipynb", NB)
+    roster = tmp_path / "r.csv"
+    roster.write_text("student_id,lms_id,submitted_at\njane,12345,20/11/2026 23:59\n")
+    with pytest.raises(ValueError, match="jane: submitted_at '20/11/2026 23:59'"):
+        intake_zip(root, LESSON, z, roster)
+    roster.write_text("student_id,lms_id,submitted_at\njane,12345,2026-11-20 23:59 UTC\n")
+    report = intake_zip(root, LESSON, z, roster, timezone="Europe/Berlin")
+    assert report.times["jane"].startswith("2026-11-20 23:59:00")
+
+
 def test_exchange_root_is_nbgraders_one_setting(tmp_path, capsys):
     from nbgrader.exchange.default.exchange import Exchange
 
