@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import time
 from collections.abc import Callable, Sequence
 
@@ -304,14 +305,15 @@ def matmul_tflops(
     fmt: torch.dtype = torch.float8_e4m3fn,
     min_run_time: float = 0.2,
 ) -> list[dict[str, float]]:
-    """Time an ``n x n x n`` bfloat16 matmul and a float8 ``torch._scaled_mm`` (lesson 08).
+    """Time an ``n x n x n`` bfloat16 matmul and a float8 ``F.scaled_mm`` (lesson 08).
 
-    For each ``n``: ``a @ b`` in bfloat16, and ``torch._scaled_mm(a8, b8, scale_a, scale_b,
-    out_dtype=torch.bfloat16)`` on float8 operands (``a8`` row-major, ``b8`` column-major, as
-    the CUDA kernel requires; per-tensor float32 scales). Timed with ``torch.utils.benchmark``
+    For each ``n``: ``a @ b`` in bfloat16, and ``torch.nn.functional.scaled_mm(a8, b8, one,
+    ScalingType.TensorWise, one, ScalingType.TensorWise, output_dtype=torch.bfloat16)`` on float8
+    operands (``a8`` row-major, ``b8`` column-major, as the CUDA kernel requires; tensor-wise
+    float32 scales). Timed with ``torch.utils.benchmark``
     (``blocked_autorange`` synchronizes CUDA). Returns rows with ``n``, the median seconds and
     TFLOP/s (2 n^3 FLOPs) of each. Meaningful only on a GPU with float8 tensor cores; on a CPU
-    it runs (torch 2.13 has a CPU ``_scaled_mm``), but its times say nothing about float8 hardware.
+    it runs (torch 2.13 has CPU kernels for it), but its times say nothing about float8 hardware.
     """
     from torch.utils.benchmark import Timer
 
@@ -324,10 +326,11 @@ def matmul_tflops(
         a8 = a.to(fmt)
         b8 = b.to(fmt).t()  # the transpose of a row-major tensor is column-major
         one = torch.ones((), device=device, dtype=torch.float32)
-        env = {"torch": torch, "a": a, "b": b, "a8": a8, "b8": b8, "one": one}
+        env = {"F": F, "torch": torch, "a": a, "b": b, "a8": a8, "b8": b8, "one": one}
         bf16 = Timer("a @ b", globals=env).blocked_autorange(min_run_time=min_run_time)
         fp8 = Timer(
-            "torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)",
+            "F.scaled_mm(a8, b8, one, F.ScalingType.TensorWise, one, F.ScalingType.TensorWise,"
+            " output_dtype=torch.bfloat16)",
             globals=env,
         ).blocked_autorange(min_run_time=min_run_time)
         flops = 2.0 * n**3
@@ -372,17 +375,45 @@ class TransformerBlock(nn.Module):
         return x + self.down(F.gelu(self.up(self.norm2(x))))
 
 
+class _TorchaoImportNoise(logging.Filter):
+    """Drops two log records torchao 0.18 leaves on a CPU build of torch, and nothing else.
+
+    torchao's import logs a warning for each of its CUDA extensions that a CPU build of torch
+    cannot load (logger ``torchao``), and torch's pytree logs that registering an enum (torchao's
+    ``KernelPreference``, ``ScaleCalculationMode``) is deprecated (``torch.utils._pytree``).
+    Neither is a Python warning, and neither changes what lesson 08 computes.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for those two records (torchao's own objects only), True for everything else."""
+        text = str(record.msg)
+        if record.name == "torchao" and text.startswith("Failed to load"):
+            return torch.version.cuda is not None or not text.rstrip().split(":")[0].endswith(".so")
+        if record.name == "torch.utils._pytree" and "is an Enum subclass" in text:
+            cls = record.args[0] if isinstance(record.args, tuple) and record.args else None
+            return not str(getattr(cls, "__module__", "")).startswith("torchao")
+        return True
+
+
+_TORCHAO_NOISE = _TorchaoImportNoise()
+
+
 def torchao_status() -> tuple[object | None, str]:
     """torchao's module if it is installed beside this torch, else None; and a line saying so.
 
-    torchao is not a dependency of the course: the lesson uses it only where it is present.
+    The course installs torchao (pinned, beside the pinned torch); an environment without it, or
+    with a build that does not import, still runs lesson 08, which says what it left out.
     Introduced in lesson 08.
     """
     if importlib.util.find_spec("torchao") is None:
         return None, (
-            f"torchao is not installed beside torch {torch.__version__} (it is optional: "
-            "`pip install --no-deps torchao` adds it and cannot change torch)"
+            f"torchao is not installed beside torch {torch.__version__} (the course pins "
+            "torchao==0.18.0: `pip install --no-deps torchao==0.18.0` adds it without touching "
+            "torch)"
         )
+    for name in ("torchao", "torch.utils._pytree"):
+        if _TORCHAO_NOISE not in logging.getLogger(name).filters:
+            logging.getLogger(name).addFilter(_TORCHAO_NOISE)
     try:
         torchao = importlib.import_module("torchao")
         importlib.import_module("torchao.float8")
@@ -403,7 +434,7 @@ def torchao_block_comparison(
     heads: int = 16,
     batch: int = 8,
     seq: int = 1024,
-    min_run_time: float = 0.5,
+    min_run_time: float | None = 0.5,
     compile: bool = False,
 ) -> dict:
     """A transformer block in bfloat16 against its torchao float8 conversion (lesson 08).
@@ -414,8 +445,10 @@ def torchao_block_comparison(
     (``converted``), the relative difference of the outputs and of the ``qkv`` weight gradients
     (``out_rel_diff``, ``grad_rel_diff``) and, timed with ``torch.utils.benchmark``, the median
     seconds of a training step of each (``bf16_s``, ``fp8_s``). ``compile`` wraps both in
-    ``torch.compile`` first (torchao's float8 is meant to be compiled). Raises ``RuntimeError``
-    when torchao is missing.
+    ``torch.compile`` first (torchao's float8 is meant to be compiled). With ``min_run_time=None``
+    nothing is timed (``bf16_s`` and ``fp8_s`` are None): the numerics alone, as on a CPU, whose
+    float8 matrix multiplies say nothing about float8 hardware. Raises ``RuntimeError`` when
+    torchao is missing.
     """
     import copy
 
@@ -445,6 +478,9 @@ def torchao_block_comparison(
         "compiled": compile,
     }
     for name, model in (("bf16_s", ref), ("fp8_s", fp8)):
+        if min_run_time is None:
+            result[name] = None
+            continue
         run = torch.compile(model) if compile else model
         for _ in range(3):  # warm up (and compile)
             _block_step(run, x)

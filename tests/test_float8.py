@@ -25,6 +25,9 @@ from course.float8 import (
 )
 from course.launch import launch
 
+F = torch.nn.functional
+TENSOR, ROW = F.ScalingType.TensorWise, F.ScalingType.RowWise
+
 
 def test_fp8_helpers():
     assert fp8_max(torch.float8_e4m3fn) == 448.0 and fp8_max(torch.float8_e5m2) == 57344.0
@@ -149,7 +152,7 @@ class _RunOnce:
 
 
 def test_matmul_tflops_calls_scaled_mm_as_cuda_requires(monkeypatch):
-    # No GPU here: fake CUDA tensors go through torch's meta checks of _scaled_mm for CUDA
+    # No GPU here: fake CUDA tensors go through torch's meta checks of scaled_mm for CUDA
     # (row-major a, column-major b, dimensions multiples of 16, float32 scales).
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -161,7 +164,7 @@ def test_matmul_tflops_calls_scaled_mm_as_cuda_requires(monkeypatch):
         a8 = torch.empty(32, 32, device="cuda", dtype=torch.float8_e4m3fn)
         one = torch.ones((), device="cuda")
         with pytest.raises(RuntimeError, match="col_major"):  # the check the layout must pass
-            torch._scaled_mm(a8, a8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+            F.scaled_mm(a8, a8, one, TENSOR, one, TENSOR, output_dtype=torch.bfloat16)
 
 
 def test_lesson_row_wise_scales_fit_scaled_mm_on_cuda():
@@ -175,38 +178,43 @@ def test_lesson_row_wise_scales_fit_scaled_mm_on_cuda():
         sa = 448.0 / a.abs().amax(dim=-1, keepdim=True)
         sw = 448.0 / w.abs().amax(dim=-1, keepdim=True)
         qa, qw = (a * sa).to(torch.float8_e4m3fn), (w * sw).to(torch.float8_e4m3fn)
-        y = torch._scaled_mm(
-            qa,
-            qw.t(),
-            scale_a=sa.reciprocal(),
-            scale_b=sw.reciprocal().t().contiguous(),
-            out_dtype=torch.bfloat16,
-        )
+        y = F.scaled_mm(qa, qw.t(), sa.reciprocal(), ROW, sw.reciprocal().t().contiguous(), ROW)
         assert y.shape == (48, 32) and y.device.type == "cuda"
-        with pytest.raises(RuntimeError, match="Invalid scaling configuration"):
-            torch._scaled_mm(
-                qa,
-                qw.t(),
-                scale_a=sa.reciprocal(),
-                scale_b=sw.reciprocal(),
-                out_dtype=torch.bfloat16,
-            )
+    # The same call runs on the CPU's kernel.
+    qa, qw = torch.ones(48, 64).to(torch.float8_e4m3fn), torch.ones(32, 64).to(torch.float8_e4m3fn)
+    sa, sw = torch.ones(48, 1), torch.ones(32, 1)
+    assert F.scaled_mm(qa, qw.t(), sa, ROW, sw.t().contiguous(), ROW).shape == (48, 32)
 
 
 def test_scaled_mm_scales_are_dequantization_factors():
-    # The convention the lesson states: _scaled_mm multiplies by scale_a and scale_b.
+    # The convention the lesson states: scaled_mm multiplies by scale_a and scale_b.
     gen = torch.Generator().manual_seed(1)
     a, b = torch.randn(16, 32, generator=gen), torch.randn(48, 32, generator=gen)
     a8, b8 = (a * 4).to(torch.float8_e4m3fn), (b * 8).to(torch.float8_e4m3fn)
-    out = torch._scaled_mm(
-        a8,
-        b8.t(),
-        scale_a=torch.tensor(0.25),
-        scale_b=torch.tensor(0.125),
-        out_dtype=torch.float32,
-    )
+    quarter, eighth = torch.tensor(0.25), torch.tensor(0.125)
+    out = F.scaled_mm(a8, b8.t(), quarter, TENSOR, eighth, TENSOR, output_dtype=torch.float32)
     expect = (a8.float() / 4) @ (b8.float() / 8).t()
     torch.testing.assert_close(out, expect, rtol=1e-5, atol=1e-5)
+    rows = torch.full((16, 1), 0.25), torch.full((1, 48), 0.125)
+    out = F.scaled_mm(a8, b8.t(), rows[0], ROW, rows[1], ROW, output_dtype=torch.float32)
+    torch.testing.assert_close(out, expect, rtol=1e-5, atol=1e-5)
+
+
+def test_scaled_mm_refuses_mxfp8_block_scales_on_a_cpu():
+    # What the lesson says: on a CPU, torch 2.13 runs TensorWise and RowWise, not BlockWise1x32.
+    a8 = torch.ones(16, 32).to(torch.float8_e4m3fn)
+    e8m0 = torch.full((16, 1), 127, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    with pytest.raises(ValueError, match="Invalid scaling configuration"):
+        F.scaled_mm(
+            a8,
+            a8.t(),
+            e8m0,
+            F.ScalingType.BlockWise1x32,
+            e8m0,
+            F.ScalingType.BlockWise1x32,
+            swizzle_a=F.SwizzleType.NO_SWIZZLE,
+            swizzle_b=F.SwizzleType.NO_SWIZZLE,
+        )
 
 
 def test_transformer_block_is_causal_and_keeps_the_shape():
@@ -297,3 +305,28 @@ def test_casts_overflow_to_nan_only_beyond_the_range():
     assert not x.to(torch.float8_e4m3fn).float().isnan().any()
     strict = F8.with_nan_overflow(lambda t: t.to(torch.float8_e4m3fn))
     assert strict(x).float()[2:].isnan().all()
+
+
+def test_torchao_import_noise_filter_drops_only_its_two_records(monkeypatch):
+    import logging
+
+    noise = F8._TorchaoImportNoise()
+
+    def record(name, msg, *args):
+        return logging.LogRecord(name, logging.WARNING, __file__, 1, msg, args, None)
+
+    class FromTorchao:
+        __module__ = "torchao.quantization"
+
+    class Elsewhere:
+        __module__ = "mypackage"
+
+    enum_msg = "%s is an Enum subclass and is now natively supported by torch.compile"
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert not noise.filter(record("torchao", "Failed to load /x/_C_mxfp8.so: nope"))
+    assert not noise.filter(record("torch.utils._pytree", enum_msg, FromTorchao))
+    assert noise.filter(record("torch.utils._pytree", enum_msg, Elsewhere))
+    assert noise.filter(record("torchao", "something else went wrong"))
+    assert noise.filter(record("course", "Failed to load /x/_C_mxfp8.so: nope"))
+    monkeypatch.setattr(torch.version, "cuda", "12.8")  # a CUDA build must hear of it
+    assert noise.filter(record("torchao", "Failed to load /x/_C_mxfp8.so: nope"))
