@@ -68,7 +68,7 @@ NUM_CLASSES = 10
 TF32_NOTE = (
     "TF32 is a CUDA math mode, not a dtype (torch.set_float32_matmul_precision('high'), "
     "torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32): "
-    "it needs an NVIDIA GPU with compute capability 8.0 or newer"
+    "the course measures it on NVIDIA GPUs with compute capability 8.0 or newer only"
 )
 #: Measurements whose median round is this much slower than their fastest are flagged as noisy.
 NOISY_SPREAD = 1.5

@@ -56,6 +56,9 @@ ROCM_FNUZ_ARCHES: tuple[str, ...] = ("gfx942",)
 ROCM_OCP_FP8_ARCHES: tuple[str, ...] = ("gfx950",)
 #: The macOS version from which MPS holds bfloat16 tensors (MPSGraph's bfloat16 is Sonoma's).
 MPS_BF16_MACOS: tuple[int, int] = (14, 0)
+#: The oldest macOS on which this torch's MPS backend is available at all: since torch 2.10
+#: ``torch.backends.mps.is_available()`` is False below macOS 14, so such a Mac is a CPU here.
+MPS_MIN_MACOS: tuple[int, int] = (14, 0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,6 +226,13 @@ class DeviceProfile:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind == "mps" and self.os_version and self.os_version < MPS_MIN_MACOS:
+            raise ValueError(
+                f"torch {torch.__version__.split('+')[0]}'s MPS backend needs macOS "
+                f"{'.'.join(map(str, MPS_MIN_MACOS))} or newer (this profile says macOS "
+                f"{'.'.join(map(str, self.os_version))}): on that Mac torch sees only the CPU, "
+                'so describe it as kind="cpu"'
+            )
 
     @property
     def device_type(self) -> str:
@@ -278,7 +288,9 @@ class DeviceProfile:
 
     @property
     def tf32(self) -> bool:
-        """Whether float32 matmuls can run in the TF32 math mode: NVIDIA 8.0+ only."""
+        """Whether the course measures float32 matmuls in the TF32 math mode here: NVIDIA 8.0+.
+        (ROCm's MI300 has TF32 too, ``torch.cuda.is_tf32_supported()``; the course does not
+        measure it there.)"""
         return self.kind == "cuda" and self.capability is not None and self.capability >= (8, 0)
 
     @property
@@ -296,10 +308,13 @@ class DeviceProfile:
         return frozenset(NEEDS)
 
     def sdpa_backends(self, dtype: torch.dtype) -> tuple[str, ...]:
-        """The fused ``scaled_dot_product_attention`` kernels torch can pick here for ``dtype``,
-        best first, ending with ``math`` (always there). Flash and cuDNN attention need
-        NVIDIA 8.0+ and a 16-bit dtype; memory-efficient attention takes float32 and float16
-        from 5.0 and bfloat16 from 8.0; the CPU has its own flash kernel for every float dtype."""
+        """The ``scaled_dot_product_attention`` kernels torch has here for ``dtype``, ending
+        with ``math`` (always there). Not an order of preference: which one runs follows torch's
+        priority order (``torch._C._get_sdp_priority_order()``; by default cuDNN attention
+        only where torch prefers it, on Hopper and Blackwell with a recent cuDNN). Flash and
+        cuDNN attention need NVIDIA 8.0+ and a 16-bit dtype; memory-efficient attention takes
+        float32 and float16 from 5.0 and bfloat16 from 8.0; the CPU has its own flash kernel for
+        every float dtype."""
         half = dtype in (torch.float16, torch.bfloat16)
         found: list[str] = []
         if self.kind == "cuda" and self.capability is not None:
@@ -451,18 +466,16 @@ def amp_sentence(profile: DeviceProfile) -> str:
             "emulated"
         )
     if profile.kind == "mps":
-        bf16 = (
-            "bfloat16 also works here (macOS 14 or newer)"
-            if profile.native_bf16
-            else "this macOS is older than 14, which MPS needs for bfloat16"
+        return (
+            "float16 autocast with a GradScaler (torch's default on MPS); bfloat16 also works "
+            "here (MPS needs macOS 14 or newer, which has it)"
         )
-        return f"float16 autocast with a GradScaler (torch's default on MPS); {bf16}"
     if profile.kind == "cpu":
         why = (
             "this CPU computes bfloat16 natively"
             if profile.native_bf16
             else "this CPU has no native bfloat16 arithmetic, so it is converted around float32 "
-            "and runs slower than float32"
+            "and often runs slower than float32"
         )
         return f"bfloat16 autocast, no GradScaler: the dtype CPU autocast is made for; {why}"
     if profile.native_bf16:
@@ -520,7 +533,8 @@ def compile_offered(profile: DeviceProfile) -> tuple[bool, str]:
 
 
 def tf32_offered(profile: DeviceProfile) -> bool:
-    """Whether the benchmark's ``tf32`` mode is measured here: NVIDIA 8.0+ (lesson 09)."""
+    """Whether the benchmark's ``tf32`` mode is measured here: NVIDIA 8.0+ (lesson 09); not on
+    ROCm, although MI300 has TF32, nor elsewhere."""
     return profile.tf32
 
 
@@ -586,7 +600,10 @@ def ranks_sentence(profile: DeviceProfile, world_size: int = 2) -> str:
 def float8_sentence(profile: DeviceProfile) -> str:
     """Lesson 08's line on whether float8 matrix multiplies run on tensor cores here."""
     ok, reason = float8_gemm(profile)
-    return f"float8 matrix multiplies on tensor cores: {'yes' if ok else 'no'} ({reason})"
+    answer = "yes" if ok else "no"
+    return (
+        f"float8 matrix multiplies on tensor cores, timed by this lesson here: {answer} ({reason})"
+    )
 
 
 def capstone_plan(profile: DeviceProfile) -> dict:

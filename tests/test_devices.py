@@ -74,12 +74,12 @@ PROFILES: dict[str, DeviceProfile] = {
         kind="cpu", name="AWS Graviton3", machine="arm64", cpu_flags=frozenset({"bf16"})
     ),
     "windows-4090": gpu("NVIDIA GeForce RTX 4090", (8, 9), os="windows", fork=False, nccl=False),
-    "mac-m1-13": DeviceProfile(
+    "mac-m1-14": DeviceProfile(
         kind="mps",
         name="Apple M1",
         arch="M1",
         os="darwin",
-        os_version=(13, 6),
+        os_version=(14, 0),
         gpu_count=1,
         machine="arm64",
     ),
@@ -138,7 +138,7 @@ EXPECTED: dict[str, tuple] = {
                        None,    None,   "cpu", "cpu", "cpu", True),
     "windows-4090":   (BF16, False, (E4M3, E5M2), True, False, True,  "gloo", 2, "spawn",
                        165.2,   330.3,  "cuda", "cuda", "cuda", True),
-    "mac-m1-13":      (FP16, True,  (),          False, False, False, "gloo", 2, "spawn",
+    "mac-m1-14":      (FP16, True,  (),          False, False, False, "gloo", 2, "spawn",
                        None,    None,   "cpu", "mps", "cpu", False),
     "mac-m3-15":      (FP16, True,  (),          False, False, False, "gloo", 2, "spawn",
                        None,    None,   "cpu", "mps", "cpu", False),
@@ -173,7 +173,7 @@ EXPECTED: dict[str, tuple] = {
 #: (native bfloat16 arithmetic, float16 tensor/matrix cores): the facts behind "amp" above.
 NATIVE: dict[str, tuple[bool, bool]] = {
     "cpu-avx2": (False, False), "cpu-avx512bf16": (True, False), "cpu-amx": (True, False),
-    "cpu-arm-linux": (True, False), "windows-4090": (True, True), "mac-m1-13": (False, False),
+    "cpu-arm-linux": (True, False), "windows-4090": (True, True), "mac-m1-14": (True, False),
     "mac-m3-15": (True, False), "T4": (False, True), "V100x8": (False, True),
     "A10G": (True, True), "A100-40GB": (True, True), "A100-80GBx8": (True, True),
     "L4": (True, True), "L40S": (True, True), "RTX4090": (True, True),
@@ -266,7 +266,7 @@ def test_the_whole_matrix_is_fast():
         ("T4", ("float16", "GradScaler", "no bfloat16", "7.5")),
         ("V100x8", ("float16", "GradScaler", "7.0")),
         ("A100-40GB", ("bfloat16", "no GradScaler")),
-        ("mac-m1-13", ("float16", "GradScaler", "older than 14")),
+        ("mac-m1-14", ("float16", "GradScaler", "bfloat16 also works")),
         ("mac-m3-15", ("float16", "bfloat16 also works")),
         ("cpu-avx2", ("bfloat16", "no native bfloat16", "slower")),
         ("cpu-amx", ("bfloat16", "natively")),
@@ -312,7 +312,7 @@ def test_lesson_device_sentence_says_what_mps_lacks():
     mac = PROFILES["mac-m3-15"]
     assert "float8" in D.lesson_device_sentence(mac, ("float8",))
     assert D.lesson_device_sentence(mac, ()) == ""
-    assert "float64" in D.lesson_device_sentence(PROFILES["mac-m1-13"], None)
+    assert "float64" in D.lesson_device_sentence(PROFILES["mac-m1-14"], None)
     assert D.lesson_device_sentence(PROFILES["T4"], None) == ""
 
 
@@ -397,3 +397,11 @@ def test_the_live_profile_of_this_machine():
     assert D.amp_dtype(p) in (torch.float16, torch.bfloat16)
     with pytest.raises(ValueError, match="kind"):
         DeviceProfile(kind="tpu", name="x")
+
+
+def test_no_mps_profile_below_macos_14():
+    """torch 2.10 and newer have no MPS below macOS 14 (``torch.backends.mps.is_available()``
+    is False there; pytorch/pytorch#163515, #177819): such a Mac is a CPU to the course."""
+    with pytest.raises(ValueError, match="macOS 14.0 or newer"):
+        DeviceProfile(kind="mps", name="Apple M1", os="darwin", os_version=(13, 6))
+    assert DeviceProfile(kind="mps", name="Apple M1", os="darwin", os_version=(14, 0)).native_bf16
