@@ -17,6 +17,16 @@ from grader.gradebook import CellScore
 from grader.release import lesson_ids
 from grader.seam import ExerciseRun, LessonKernel
 
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
 SOLUTIONS = REPO_ROOT / "solutions"
 LESSONS = REPO_ROOT / "lessons"
 LESSON_IDS = lesson_ids(SOLUTIONS)
@@ -159,3 +169,36 @@ def outputs_text(nb: dict) -> str:
             elif out.get("output_type") == "error":
                 parts.append(out.get("ename", "") + ": " + out.get("evalue", ""))
     return "\n".join(parts)
+
+
+# Headless Chromium, one per test process: the lesson browser tests and the student kit's test
+# share it (a second sync Playwright in the same process finds the first one's loop running).
+
+
+def _missing(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (required under CI)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not CHROMIUM.exists():
+        _missing("Debian's chromium is not installed (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("playwright is not installed")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="session")
+def shots() -> Path:
+    base = Path(os.environ.get("COURSE_TEST_ARTIFACTS") or REPO_ROOT / "test-artifacts")
+    folder = base / "screenshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"\nscreenshots: {folder}")
+    return folder

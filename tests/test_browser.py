@@ -30,15 +30,6 @@ import pytest
 from grader import REPO_ROOT
 from tests.conftest import LESSON_IDS
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 #: How to operate each lesson's main widget, where the default (first slider) is not it.
 WIDGET_ACTION: dict[str, str] = {"09-capstone": "button"}
 VALIDATE_LESSONS = {"01-number-formats"}
@@ -58,21 +49,6 @@ RUN_TIMEOUT_MS = 600_000
 #: JupyterLab and Chromium (session fixtures) the first time it needs them.
 pytestmark = [pytest.mark.browser]
 VIEWS = pytest.mark.xdist_group(name="browser-views")
-
-
-def _missing(reason: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason} (required under CI)")
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="session")
-def shots() -> Path:
-    base = Path(os.environ.get("COURSE_TEST_ARTIFACTS") or REPO_ROOT / "test-artifacts")
-    folder = base / "screenshots"
-    folder.mkdir(parents=True, exist_ok=True)
-    print(f"\nscreenshots: {folder}")
-    return folder
 
 
 def _load_run_py():
@@ -159,20 +135,6 @@ def lab(course_copy: Path):
 def instructor_lab(course_copy: Path):
     """The instructor's view (``python3 run.py lab --instructor``)."""
     yield from _start_lab(course_copy, instructor=True)
-
-
-@pytest.fixture(scope="session")
-def browser():
-    if not CHROMIUM.exists():
-        _missing("Debian's chromium is not installed (apt-get install chromium)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _missing("playwright is not installed")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def _open(page, url: str, token: str, path: str, workspace: str) -> None:

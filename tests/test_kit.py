@@ -27,7 +27,7 @@ import pytest
 
 from grader import REPO_ROOT
 from grader.package import build_kit
-from tests.test_browser import (  # noqa: F401 - browser and shots are fixtures
+from tests.test_browser import (
     NEWS_PROMPT,
     STUDENT_PLUGINS,
     VIEWS,
@@ -35,8 +35,6 @@ from tests.test_browser import (  # noqa: F401 - browser and shots are fixtures
     _open,
     _page,
     _view,
-    browser,
-    shots,
 )
 
 pytestmark = [pytest.mark.browser]
@@ -106,7 +104,7 @@ def _lab(kit: Path, python: Path):
 
 
 @VIEWS
-def test_kit_installs_alone_and_opens_in_the_student_view(tmp_path, browser, shots):  # noqa: F811
+def test_kit_installs_alone_and_opens_in_the_student_view(tmp_path, browser, shots):
     kit_zip = tmp_path / "kit.zip"
     names = build_kit(REPO_ROOT, kit_zip, [LESSON])
     assert {n.split("/")[1] for n in names if n.startswith("lessons/")} == {LESSON}
