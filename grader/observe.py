@@ -90,6 +90,10 @@ def new_observer(exercise, seed, torch, limit=16 * 1024 * 1024):
             return {"kind": "dict",
                     "items": [[plain(k, depth + 1), plain(v, depth + 1)]
                               for k, v in dict.items(value)]}
+        if dict in type.mro(t):  # an OrderedDict (a state_dict): its items, read as a dict's
+            return {"kind": "dict", "type": str(t.__qualname__),
+                    "items": [[plain(k, depth + 1), plain(v, depth + 1)]
+                              for k, v in dict.items(value)]}
         return {"kind": "foreign", "type": str(t.__qualname__), "mro": mro(t)}
 
     class Observer:
@@ -229,12 +233,20 @@ class ObservedList(list):
     observed_type = ""
 
 
+class ObservedDict(dict):
+    """A ``dict`` the student's code returned as an instance of a subclass (an ``OrderedDict``,
+    as ``state_dict()`` returns)."""
+
+    observed_type = ""
+
+
 _SUBCLASSED = {
     int: ObservedInt,
     float: ObservedFloat,
     str: ObservedStr,
     tuple: ObservedTuple,
     list: ObservedList,
+    dict: ObservedDict,
 }
 
 
@@ -278,7 +290,8 @@ def _decoded(entry: Any) -> tuple[Any, str | None]:
         value = tuple(items) if kind == "tuple" else items
         return _subclassed(value, entry.get("type")), entry.get("type")
     if kind == "dict":
-        return {_decoded(k)[0]: _decoded(v)[0] for k, v in entry.get("items") or []}, None
+        value = {_decoded(k)[0]: _decoded(v)[0] for k, v in entry.get("items") or []}
+        return _subclassed(value, entry.get("type")), entry.get("type")
     if kind == "raised":
         mro = tuple(str(m) for m in entry.get("mro") or ())
         return Raised(str(entry.get("type")), mro, str(entry.get("message", ""))), None

@@ -41,6 +41,7 @@ from course.multigpu import (
     AmpDDPConfig,
     DDPExplorer,
     amp_tolerance,
+    probe_then_alone,
     state_digest,
     worker_script,
 )
@@ -546,6 +547,35 @@ def test_graders_instruments_count_all_reduces_and_record_dtypes():
     assert DDP.__init__.__name__ == "__init__", "the counter was not removed"
     assert DDP.forward.__name__ == "forward", "the input recorder was not removed"
     assert dist.all_reduce.__name__ == "all_reduce", "the spy was not removed"
+
+
+def _sum_probe(rank, world_size, cases):
+    out = []
+    for case in cases:
+        mine = case[rank].clone()
+        dist.all_reduce(mine)
+        out.append(mine)
+    return out
+
+
+def _group_sum(tensor, group=None):
+    dist.all_reduce(tensor, group=group)
+    return tensor
+
+
+def _world_sum(tensor, group=None):
+    dist.all_reduce(tensor)  # ignores group
+    return tensor
+
+
+def test_probe_then_alone_runs_the_probe_then_each_rank_in_its_own_group():
+    cases = [[torch.tensor([1.0]), torch.tensor([2.0])]]
+    alone = [torch.tensor([10.0]), torch.tensor([20.0])]
+    for fn, own in ((_group_sum, [10.0, 20.0]), (_world_sum, [30.0, 30.0])):
+        ranks = launch(probe_then_alone, 2, (_sum_probe, fn, cases, alone), show_output=False)
+        assert [r[0][0].item() for r in ranks] == [3.0, 3.0]
+        assert [r[1].item() for r in ranks] == own
+    assert alone[0].item() == 10.0  # each rank's tensor was a copy
 
 
 # ------------------------------------------------------------------------------------------
