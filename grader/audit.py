@@ -1,17 +1,25 @@
-"""False-failure audit: does a correct solution ever lose a point on some hidden-test seed?
+"""Unfair-grade audit: does a correct answer ever lose a point, or a wrong one earn one, on a seed?
 
-``python -m grader.audit LESSON [--seeds N] [--exercise ID] [--variants]`` executes the lesson's
-source notebook (``solutions/``, hidden tests included) once in one kernel
+``python -m grader.audit LESSON [--seeds N] [--time-cap S] [--exercise ID] [--variants]``
+executes the lesson's source notebook (``solutions/``, hidden tests included) once in one kernel
 (:class:`grader.seam.LessonKernel`), then, for every exercise, re-runs its solution cell and its
-test cell ``N`` times (default 200), each time with a fresh random grading key, so each run's
-hidden tests draw new inputs from ``course.checks.hidden_seed``. With ``--variants`` it does the
-same for every valid alternative in ``tests/variants/lNN_*.py`` (``VALID``). Every run that does
-not earn the test cell's full points is a false failure; the report gives its seed, the key and
-student that reproduce it, and the message. Exit status 1 when any was found.
+test cell on up to ``N`` seeds (default 200), each seed a fresh random grading key, so each run's
+hidden tests draw new inputs from ``course.checks.hidden_seed``. With ``--variants`` every
+variant of ``tests/variants/lNN_*.py`` runs on the same seeds: the valid ones (``VALID``) and the
+wrong ones (``VARIANTS``), each replacing its exercise's solution cell and run only as far as that
+exercise's test cell (:meth:`grader.seam.LessonKernel.run_exercise`).
 
-Zero failures in ``N`` runs only bounds the failure rate (below about ``3/N`` with 95%
-confidence); hidden tests are exact only when their references reproduce the computation they
-check. This is not a timed test: a full audit takes minutes per lesson (the report says how long).
+A run is unfair when a correct version (the solution, a valid variant) does not earn the test
+cell's full points, or when a wrong variant's test cell earns anything (any point above zero):
+a wrong answer that scores on some students' seeds is unfair to the others. The report gives, per
+exercise, both counts and the time, then every unfair run with its seed, the key and student that
+reproduce it (``--variant NAME --key K --student S`` replays one) and the message. Exit status 1
+when any was found.
+
+``--time-cap S`` (default 600 s per exercise; 0: none) stops an exercise before the seed round
+that would not fit, and the report says how many seeds it managed; ``--quick`` is 3 seeds and a
+60 s cap. Zero unfair runs in ``N`` seeds only bounds the rate (below about ``3/N`` with 95%
+confidence). This is not a timed test: a full audit takes minutes per lesson.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import argparse
 import importlib.util
 import json
 import secrets
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -28,44 +37,71 @@ from pathlib import Path
 
 from grader import REPO_ROOT
 from grader.keys import seed_for
-from grader.seam import LessonKernel
+from grader.seam import LessonKernel, SeamError
+
+SOLUTION = "solution"
+#: The kinds of version an exercise is audited with: the notebook's own solution, the valid
+#: alternatives (``VALID``, must keep full points) and the wrong ones (``VARIANTS``, must earn 0).
+KINDS = ("solution", "valid", "wrong")
+RULE = (
+    "unfair: a solution or valid run that loses any point; a wrong run whose test cell earns "
+    "any point (score > 0)"
+)
 
 
 @dataclass
 class Failure:
-    """One run that lost points: enough to reproduce it and see why."""
+    """One unfair run: a correct version that lost points, or a wrong one that earned some."""
 
-    variant: str  # "solution" or the valid variant's name
+    variant: str  # "solution" or the variant's name
     seed: int
     key: str
     student: str
     score: float
     max_score: float
     message: str
+    kind: str = SOLUTION  # one of KINDS
 
 
 @dataclass
 class ExerciseAudit:
-    """What the audit found for one exercise (the solution and its valid variants)."""
+    """What the audit found for one exercise (the solution and its variants)."""
 
     exercise: str
-    runs: dict[str, int] = field(default_factory=dict)  # variant -> runs
+    runs: dict[str, int] = field(default_factory=dict)  # version -> runs
+    kinds: dict[str, str] = field(default_factory=dict)  # version -> kind
     failures: list[Failure] = field(default_factory=list)
     seconds: float = 0.0
+    seeds: int = 0  # seeds asked for (the most any version runs)
+    seeds_done: int = 0  # seed rounds run
+    capped: bool = False  # the time cap stopped it before ``seeds``
+    time_cap: float | None = None
+    errors: list[str] = field(default_factory=list)  # runs the seam itself could not grade
 
     @property
     def total_runs(self) -> int:
         """Runs over the solution and every variant."""
         return sum(self.runs.values())
 
+    def runs_of(self, kind: str) -> int:
+        """Runs of the versions of ``kind``."""
+        return sum(n for name, n in self.runs.items() if self.kinds.get(name) == kind)
 
-def valid_variants(lesson: str, root: Path = REPO_ROOT) -> dict[str, tuple[str, str]]:
-    """``{name: (grade_id, source)}``: the valid alternatives for ``lesson`` in ``tests/variants/``.
+    def misses_of(self, kind: str) -> list[Failure]:
+        """The unfair runs of the versions of ``kind``."""
+        return [f for f in self.failures if f.kind == kind]
 
-    The files are loaded by path (they are not part of the installed package); a lesson without a
-    variants file, or a file without ``VALID``, has none.
+    @property
+    def unfair(self) -> bool:
+        """Any run graded unfairly, or one the seam could not grade."""
+        return bool(self.failures or self.errors)
+
+
+def _variant_modules(lesson: str, root: Path) -> Iterator[object]:
+    """The modules of ``root/tests/variants/lNN_*.py`` whose ``LESSON`` is ``lesson``.
+
+    The files are loaded by path (they are not part of the installed package).
     """
-    found: dict[str, tuple[str, str]] = {}
     for path in sorted((root / "tests" / "variants").glob("l[0-9][0-9]_*.py")):
         spec = importlib.util.spec_from_file_location(f"_audit_variants_{path.stem}", path)
         if spec is None or spec.loader is None:
@@ -73,14 +109,41 @@ def valid_variants(lesson: str, root: Path = REPO_ROOT) -> dict[str, tuple[str, 
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         if getattr(module, "LESSON", None) == lesson:
-            found.update(getattr(module, "VALID", {}))
+            yield module
+
+
+def valid_variants(lesson: str, root: Path = REPO_ROOT) -> dict[str, tuple[str, str]]:
+    """``{name: (grade_id, source)}``: the valid alternatives for ``lesson`` in ``tests/variants/``.
+
+    A lesson without a variants file, or a file without ``VALID``, has none.
+    """
+    found: dict[str, tuple[str, str]] = {}
+    for module in _variant_modules(lesson, root):
+        found.update(getattr(module, "VALID", {}))
+    return found
+
+
+def wrong_variants(lesson: str, root: Path = REPO_ROOT) -> dict[str, tuple[str, str]]:
+    """``{name: (grade_id, source)}``: the wrong answers (``VARIANTS``) for ``lesson``.
+
+    Each replaces the solution cell of exercise ``grade_id``, as ``tests/test_lessons.py`` runs
+    them; every one must score zero on ``<grade_id>_tests``.
+    """
+    found: dict[str, tuple[str, str]] = {}
+    for module in _variant_modules(lesson, root):
+        found.update(getattr(module, "VARIANTS", {}))
     return found
 
 
 def fresh_keys() -> Iterator[str]:
-    """An endless supply of random grading keys (one per audited run)."""
+    """An endless supply of random grading keys (one per audited seed)."""
     while True:
         yield secrets.token_hex(16)
+
+
+def _unfair(kind: str, score: float, max_score: float) -> bool:
+    """Whether a run of a version of ``kind`` was graded unfairly (see :data:`RULE`)."""
+    return score > 0 if kind == "wrong" else score != max_score
 
 
 def audit_kernel(
@@ -91,45 +154,72 @@ def audit_kernel(
     keys: Iterator[str] | None = None,
     progress: Callable[[str], None] | None = None,
     solution: bool = True,
+    wrong: dict[str, tuple[str, str]] | None = None,
+    time_cap: float | None = None,
+    variant_seeds: int | None = None,
 ) -> list[ExerciseAudit]:
     """Audit the exercises of an executed lesson ``kernel``; see the module docstring.
 
-    ``exercises`` defaults to every exercise of the notebook; ``valid`` are the variants to run
-    besides the solution (``solution=False``: instead of it), each ``seeds`` times; ``keys``
-    supplies the grading keys (random by default; the tests pass fixed ones).
+    ``exercises`` defaults to every exercise of the notebook. For each, the solution (unless
+    ``solution=False``), the ``valid`` and the ``wrong`` variants of that exercise run seed by
+    seed: seed ``i`` is one grading key (``keys``, random by default; the tests pass fixed ones)
+    and student ``audit-<i>``, shared by every version, so a wrong variant that scores can be
+    set beside the solution on the same inputs. The solution runs on ``seeds`` seeds, variants on
+    ``variant_seeds`` (default ``seeds``). ``time_cap`` (seconds per exercise) skips the rounds
+    that would not fit, judged by the mean round so far; the first round always runs.
     """
     keys = keys or fresh_keys()
+    n_variant = seeds if variant_seeds is None else variant_seeds
     chosen = list(exercises) if exercises is not None else kernel.exercises()
     unknown = set(chosen) - set(kernel.exercises())
     if unknown:
         raise SystemExit(f"no such exercise in {kernel.path.name}: {', '.join(sorted(unknown))}")
     results = []
     for exercise in chosen:
-        audit = ExerciseAudit(exercise)
-        start = time.perf_counter()
-        versions: list[tuple[str, str | None]] = [("solution", None)] if solution else []
-        versions += [(n, src) for n, (gid, src) in sorted((valid or {}).items()) if gid == exercise]
-        for name, source in versions:
-            for i in range(seeds):
-                key, student = next(keys), f"audit-{i}"
-                run = kernel.run_exercise(exercise, source=source, key=key, student=student)
+        versions: list[tuple[str, str, str | None]] = []
+        if solution:
+            versions.append((SOLUTION, SOLUTION, None))
+        for kind, table in (("valid", valid), ("wrong", wrong)):
+            mine = sorted((n, s) for n, (gid, s) in (table or {}).items() if gid == exercise)
+            versions += [(n, kind, s) for n, s in mine]
+        rounds = max([seeds if k == SOLUTION else n_variant for _, k, _ in versions], default=0)
+        audit = ExerciseAudit(
+            exercise, kinds={n: k for n, k, _ in versions}, seeds=rounds, time_cap=time_cap
+        )
+        found: list[tuple[int, int, Failure]] = []
+        start = last_said = time.perf_counter()
+        for i in range(rounds):
+            elapsed = time.perf_counter() - start
+            if time_cap and i and elapsed + elapsed / i > time_cap:
+                audit.capped = True
+                break
+            key, student = next(keys), f"audit-{i}"
+            seed = seed_for(key, student, exercise)
+            for order, (name, kind, source) in enumerate(versions):
+                if i >= (seeds if kind == SOLUTION else n_variant):
+                    continue
+                try:
+                    run = kernel.run_exercise(exercise, source=source, key=key, student=student)
+                except SeamError as exc:
+                    audit.errors.append(f"{name} seed {seed} (key {key}, student {student}): {exc}")
+                    break
                 audit.runs[name] = audit.runs.get(name, 0) + 1
-                if not run.passed:
-                    audit.failures.append(
-                        Failure(
-                            name,
-                            seed_for(key, student, exercise),
-                            key,
-                            student,
-                            run.score,
-                            run.max_score,
-                            run.error.strip()[-2000:],
-                        )
+                if _unfair(kind, run.score, run.max_score):
+                    message = run.error.strip()[-2000:] or "(no error: the test cell passed)"
+                    failure = Failure(
+                        name, seed, key, student, run.score, run.max_score, message, kind
                     )
-            if progress:
-                lost = sum(f.variant == name for f in audit.failures)
-                progress(f"{exercise} [{name}]: {audit.runs.get(name, 0)} runs, {lost} lost points")
+                    found.append((order, i, failure))
+            if audit.errors:
+                break
+            audit.seeds_done = i + 1
+            if progress and time.perf_counter() - last_said > 30:
+                last_said = time.perf_counter()
+                progress(f"{exercise}: {i + 1}/{rounds} seeds, {len(found)} unfair runs so far")
+        audit.failures = [f for _, _, f in sorted(found, key=lambda t: t[:2])]
         audit.seconds = time.perf_counter() - start
+        if progress:
+            progress(summary_line(audit))
         results.append(audit)
     return results
 
@@ -142,6 +232,8 @@ def audit_lesson(
     keys: Iterator[str] | None = None,
     progress: Callable[[str], None] | None = None,
     timeout: int = 600,
+    wrong: dict[str, tuple[str, str]] | None = None,
+    time_cap: float | None = None,
 ) -> tuple[list[ExerciseAudit], float]:
     """Execute ``notebook`` once and audit it; returns the audits and the first run's seconds."""
     with LessonKernel(Path(notebook), timeout=timeout) as kernel:
@@ -152,33 +244,74 @@ def audit_lesson(
         ]
         if broken and progress:
             progress(f"the first run of the notebook already lost points on {broken}")
-        audits = audit_kernel(kernel, seeds, exercises, valid, keys, progress)
+        audits = audit_kernel(
+            kernel, seeds, exercises, valid, keys, progress, wrong=wrong, time_cap=time_cap
+        )
         return audits, kernel.seconds
 
 
-def report(audits: list[ExerciseAudit], setup_seconds: float) -> str:
-    """The audit as text: a line per exercise, then every failure with what reproduces it."""
-    lines = [f"executed the lesson once in {setup_seconds:.1f} s", ""]
-    lines.append(f"{'exercise':<24} {'runs':>6} {'lost':>5} {'seconds':>8}  versions")
-    for a in audits:
-        versions = ", ".join(f"{name} x{n}" for name, n in a.runs.items())
-        lines.append(
-            f"{a.exercise:<24} {a.total_runs:>6} {len(a.failures):>5} {a.seconds:>8.1f}  {versions}"
-        )
-    failures = [(a.exercise, f) for a in audits for f in a.failures]
-    if failures:
-        lines += [
-            "",
-            "runs that lost points (set course.checks._GRADING_KEY and _STUDENT_ID in a "
-            "kernel to the key and student shown to replay one):",
+def _seed_list(failures: list[Failure], limit: int = 6) -> str:
+    seeds = [str(f.seed) for f in failures]
+    return ", ".join(seeds[:limit]) + (f", ... ({len(seeds)} in all)" if len(seeds) > limit else "")
+
+
+def summary_line(a: ExerciseAudit) -> str:
+    """One exercise's counts: seeds run, time, then lost / scored runs by kind."""
+    seeds = f"seeds {a.seeds_done}/{a.seeds}"
+    if a.capped:
+        seeds += f" (time cap {a.time_cap:g} s)"
+    parts = [f"{a.exercise:<24} {seeds:<28} {a.seconds:>7.1f} s"]
+    for kind, verb in (("solution", "lost"), ("valid", "lost"), ("wrong", "scored")):
+        if not any(k == kind for k in a.kinds.values()):
+            continue
+        misses = a.misses_of(kind)
+        text = f"{kind} {len(misses)}/{a.runs_of(kind)} {verb}"
+        if misses and kind != SOLUTION:
+            by_name: dict[str, list[Failure]] = {}
+            for f in misses:
+                by_name.setdefault(f.variant, []).append(f)
+            text += " (" + "; ".join(f"{n} on seeds {_seed_list(fs)}" for n, fs in by_name.items())
+            text += ")"
+        parts.append(text)
+    if a.errors:
+        parts.append(f"{len(a.errors)} not graded (seam error)")
+    return "  ".join(parts)
+
+
+def report(audits: list[ExerciseAudit], setup_seconds: float, lesson: str = "LESSON") -> str:
+    """The audit as text: a line per exercise, then every unfair run with what reproduces it."""
+    lines = [f"executed the lesson once in {setup_seconds:.1f} s", RULE, ""]
+    lines += [summary_line(a) for a in audits]
+    for kind, title in (
+        ("correct", "correct runs (solution, valid variants) that lost points"),
+        ("wrong", "wrong variants' runs that scored (their exercise's test cell earned > 0)"),
+    ):
+        found = [
+            (a.exercise, f)
+            for a in audits
+            for f in a.failures
+            if (f.kind == "wrong") == (kind == "wrong")
         ]
-        for exercise, f in failures:
-            lines.append(
-                f"- {exercise} [{f.variant}] seed {f.seed} (key {f.key}, student {f.student}): "
-                f"{f.score:g}/{f.max_score:g}\n    " + f.message.replace("\n", "\n    ")
+        if not found:
+            lines += ["", f"{title}: none"]
+            continue
+        lines += ["", f"{title}:"]
+        for exercise, f in found:
+            replay = (
+                f"python -m grader.audit {lesson} --exercise {exercise}"
+                + (f" --variant {f.variant}" if f.variant != SOLUTION else "")
+                + f" --key {f.key} --student {f.student}"
             )
-    else:
-        lines += ["", "no run lost a point"]
+            lines.append(
+                f"- {exercise} [{f.kind} {f.variant}] seed {f.seed}: {f.score:g}/{f.max_score:g}"
+                f"\n    replay: {replay}\n    " + f.message.replace("\n", "\n    ")
+            )
+    errors = [(a.exercise, e) for a in audits for e in a.errors]
+    if errors:
+        lines += ["", "runs the seam could not grade (the exercise stopped there):"]
+        lines += [f"- {exercise}: {e}" for exercise, e in errors]
+    if not any(a.unfair for a in audits):
+        lines += ["", "no run lost a point and no wrong run scored"]
     return "\n".join(lines)
 
 
@@ -195,30 +328,99 @@ class _Replay:
         return self.key
 
 
+def _commit(root: Path) -> str | None:
+    """The short commit of ``root``'s checkout (None outside git), for the JSON record."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "log", "-1", "--format=%h"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def _replay(
+    kernel: LessonKernel,
+    exercises: list[str],
+    tables: dict[str, tuple[str, str, str]],
+    names: list[str] | None,
+    key: str,
+    student: str,
+) -> int:
+    """Run each chosen version once with ``key`` and ``student``; 1 when a run was unfair."""
+    unfair = False
+    for exercise in exercises:
+        versions = [(SOLUTION, SOLUTION, None)] if not names or SOLUTION in names else []
+        versions += [
+            (n, kind, src)
+            for n, (gid, kind, src) in sorted(tables.items())
+            if gid == exercise and names and n in names
+        ]
+        for name, kind, source in versions:
+            run = kernel.run_exercise(exercise, source=source, key=key, student=student)
+            seed = seed_for(key, student, exercise)
+            bad = _unfair(kind, run.score, run.max_score)
+            unfair |= bad
+            verdict = "UNFAIR" if bad else "fair"
+            print(
+                f"{exercise} [{kind} {name}] seed {seed}: {run.score:g}/{run.max_score:g} "
+                f"{verdict} {run.error}"
+            )
+    return 1 if unfair else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line; see the module docstring."""
     parser = argparse.ArgumentParser(
         prog="python -m grader.audit",
-        description="Run each exercise's hidden tests against the solution (and valid "
-        "variants) over many fresh seeds; report every run that lost points.",
+        description="Run each exercise's hidden tests against the solution (and the valid and "
+        "wrong variants) over many fresh seeds; report every correct run that lost points and "
+        "every wrong run that scored.",
     )
     parser.add_argument("lesson", help="lesson id, e.g. 02-loss-scaling")
-    parser.add_argument("--seeds", type=int, default=200, help="runs per version (default 200)")
-    parser.add_argument("--exercise", action="append", help="only this exercise (repeatable)")
-    parser.add_argument("--variants", action="store_true", help="also the VALID variants")
+    parser.add_argument("--seeds", type=int, help="most seeds per exercise (default 200)")
     parser.add_argument(
-        "--variant-seeds", type=int, help="runs per valid variant (default: --seeds)"
+        "--time-cap",
+        type=float,
+        help="seconds per exercise before it stops early, saying how many seeds it ran "
+        "(default 600; 0: no cap)",
     )
+    parser.add_argument("--quick", action="store_true", help="3 seeds and a 60 s time cap")
+    parser.add_argument("--exercise", action="append", help="only this exercise (repeatable)")
+    parser.add_argument(
+        "--variants", action="store_true", help="also the VALID and the wrong (VARIANTS) variants"
+    )
+    parser.add_argument(
+        "--no-wrong", action="store_true", help="with --variants: the VALID ones only"
+    )
+    parser.add_argument(
+        "--variant", action="append", help="only this variant (repeatable; 'solution' too)"
+    )
+    parser.add_argument("--variant-seeds", type=int, help="seeds per variant (default: --seeds)")
     parser.add_argument("--key", help="replay: use this grading key (with --student) for every run")
     parser.add_argument("--student", default=None, help="replay: the student of --key")
     parser.add_argument("--json", type=Path, help="also write the findings as JSON here")
     parser.add_argument("--root", type=Path, default=REPO_ROOT, help="the course directory")
     args = parser.parse_args(argv)
+    seeds = args.seeds if args.seeds is not None else (3 if args.quick else 200)
+    cap = args.time_cap if args.time_cap is not None else (60.0 if args.quick else 600.0)
 
     notebook = args.root / "solutions" / args.lesson / f"{args.lesson}.ipynb"
     if not notebook.is_file():
         parser.error(f"no solution notebook {notebook}")
-    valid = valid_variants(args.lesson, args.root) if args.variants else {}
+    use_variants = args.variants or bool(args.variant)
+    valid = valid_variants(args.lesson, args.root) if use_variants else {}
+    wrong = wrong_variants(args.lesson, args.root) if use_variants and not args.no_wrong else {}
+    if args.variant:
+        known = {SOLUTION, *valid, *wrong}
+        missing = sorted(set(args.variant) - known)
+        if missing:
+            parser.error(f"no such variant for {args.lesson}: {', '.join(missing)}")
+        valid = {n: v for n, v in valid.items() if n in args.variant}
+        wrong = {n: v for n, v in wrong.items() if n in args.variant}
     keys = _Replay(args.key) if args.key else None
 
     def say(text: str) -> None:
@@ -227,29 +429,48 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     with LessonKernel(notebook, timeout=600) as kernel:
         say(f"{args.lesson}: executed once in {kernel.seconds:.1f} s")
-        if args.key and args.student is not None:  # replay one (key, student) as reported
-            for exercise in args.exercise or kernel.exercises():
-                run = kernel.run_exercise(exercise, key=args.key, student=args.student)
-                seed = seed_for(args.key, args.student, exercise)
-                print(f"{exercise} seed {seed}: {run.score:g}/{run.max_score:g} {run.error}")
-            return 0
-        audits = audit_kernel(kernel, args.seeds, args.exercise, None, keys, say)
-        if valid:
-            chosen = args.exercise or kernel.exercises()
-            n = args.variant_seeds if args.variant_seeds is not None else args.seeds
-            extra = audit_kernel(kernel, n, chosen, valid, keys, say, solution=False)
-            for a, b in zip(audits, extra, strict=True):
-                a.runs.update(b.runs)
-                a.failures += b.failures
-                a.seconds += b.seconds
-        setup = kernel.seconds
-    print(report(audits, setup))
-    print(f"\ntotal {time.perf_counter() - start:.1f} s")
-    if args.json:
-        args.json.write_text(
-            json.dumps({"lesson": args.lesson, "audits": [asdict(a) for a in audits]}, indent=1)
+        exercises = args.exercise or kernel.exercises()
+        strays = sorted(
+            f"{n} ({gid})"
+            for n, (gid, _) in {**valid, **wrong}.items()
+            if gid not in kernel.exercises()
         )
-    return 1 if any(a.failures for a in audits) else 0
+        if strays:
+            say(f"variants naming no exercise of the notebook (not run): {', '.join(strays)}")
+        if args.key and args.student is not None:  # replay one (key, student) as reported
+            tables = {n: (gid, "valid", s) for n, (gid, s) in valid.items()}
+            tables |= {n: (gid, "wrong", s) for n, (gid, s) in wrong.items()}
+            return _replay(kernel, exercises, tables, args.variant, args.key, args.student)
+        audits = audit_kernel(
+            kernel,
+            seeds,
+            exercises,
+            valid,
+            keys,
+            say,
+            solution=not args.variant or SOLUTION in args.variant,
+            wrong=wrong,
+            time_cap=cap or None,
+            variant_seeds=args.variant_seeds,
+        )
+        setup = kernel.seconds
+    total = time.perf_counter() - start
+    print(report(audits, setup, args.lesson))
+    print(f"\ntotal {total:.1f} s")
+    if args.json:
+        record = {
+            "lesson": args.lesson,
+            "commit": _commit(args.root),
+            "rule": RULE,
+            "seeds": seeds,
+            "time_cap": cap or None,
+            "setup_seconds": setup,
+            "total_seconds": total,
+            "strays": strays,
+            "audits": [asdict(a) for a in audits],
+        }
+        args.json.write_text(json.dumps(record, indent=1))
+    return 1 if any(a.unfair for a in audits) else 0
 
 
 if __name__ == "__main__":

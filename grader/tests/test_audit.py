@@ -1,13 +1,27 @@
-"""The false-failure audit, on small lessons: it reports exactly the runs that lose points."""
+"""The unfair-grade audit, on small lessons: it reports exactly the correct runs that lose points
+and the wrong runs that score."""
 
 from __future__ import annotations
+
+import json
+import shutil
+import time
 
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from grader.audit import audit_lesson, main, report, valid_variants
+from grader.audit import (
+    audit_kernel,
+    audit_lesson,
+    main,
+    report,
+    summary_line,
+    valid_variants,
+    wrong_variants,
+)
 from grader.keys import seed_for
+from grader.seam import ExerciseRun
 from grader.tests.conftest import FIXTURES
 
 FIXTURE = FIXTURES / "solutions" / "90-fixture" / "90-fixture.ipynb"
@@ -38,11 +52,11 @@ def _flaky_lesson() -> nbformat.NotebookNode:
     return nb
 
 
-def _keys_with_parities(parities: list[int]) -> list[str]:
-    """Grading keys whose seeds for (audit-<i>, 'one') have the given parities, in order."""
+def _keys_with_parities(parities: list[int], exercise: str = "one") -> list[str]:
+    """Grading keys whose seeds for (audit-<i>, exercise) have the given parities, in order."""
     keys, n = [], 0
     for i, parity in enumerate(parities):
-        while seed_for(f"k{n}", f"audit-{i}", "one") % 2 != parity:
+        while seed_for(f"k{n}", f"audit-{i}", exercise) % 2 != parity:
             n += 1
         keys.append(f"k{n}")
         n += 1
@@ -89,6 +103,99 @@ def test_command_line_exit_status(tmp_path, capsys):
     assert main(["90-fixture", "--seeds", "2", "--root", str(course)]) == 0
     out = capsys.readouterr().out
     assert "double" in out and "triple" in out and "no run lost a point" in out
+
+
+def test_a_wrong_variant_scoring_on_some_seeds_is_reported_with_those_seeds():
+    """The fixture's ``double_right_on_even_seeds`` earns the point on even seeds only: the audit
+    names exactly those seeds (with the key and student of each), the always-wrong variant none."""
+    wrong, valid = wrong_variants("90-fixture", FIXTURES), valid_variants("90-fixture", FIXTURES)
+    assert set(wrong) == {"double_right_on_even_seeds", "double_times_three"}
+    parities = [0, 1, 1, 0, 1, 0]
+    keys = _keys_with_parities(parities, "double")
+    audits, _ = audit_lesson(
+        FIXTURE, seeds=6, exercises=["double"], valid=valid, wrong=wrong, keys=iter(keys)
+    )
+    (audit,) = audits
+    assert audit.runs == {
+        "solution": 6,
+        "double_by_add": 6,
+        "double_right_on_even_seeds": 6,
+        "double_times_three": 6,
+    }
+    assert audit.kinds["double_times_three"] == "wrong" and audit.kinds["double_by_add"] == "valid"
+    even = [i for i, parity in enumerate(parities) if parity == 0]
+    seeds = [seed_for(keys[i], f"audit-{i}", "double") for i in even]
+    assert [(f.variant, f.kind, f.key, f.student, f.seed) for f in audit.failures] == [
+        ("double_right_on_even_seeds", "wrong", keys[i], f"audit-{i}", seed)
+        for i, seed in zip(even, seeds, strict=True)
+    ]
+    assert all((f.score, f.max_score) == (1, 1) for f in audit.failures)
+    line = summary_line(audit)
+    assert "seeds 6/6" in line and "solution 0/6 lost" in line and "valid 0/6 lost" in line
+    assert f"wrong 3/12 scored (double_right_on_even_seeds on seeds {seeds[0]}, " in line
+    text = report(audits, 1.0, "90-fixture")
+    assert "any point (score > 0)" in text and "lost points: none" in text
+    assert f"--variant double_right_on_even_seeds --key {keys[0]} --student audit-0" in text
+
+
+class _FakeKernel:
+    """Stands in for a lesson kernel: each run takes ``seconds`` and scores what ``score`` says."""
+
+    path = FIXTURE
+
+    def __init__(self, seconds: float, score) -> None:
+        self.seconds, self.score = seconds, score
+
+    def exercises(self) -> list[str]:
+        return ["ex"]
+
+    def run_exercise(self, grade_id, source=None, key=None, student=""):
+        time.sleep(self.seconds)
+        return ExerciseRun(grade_id, self.score(source, key), 2.0, "", self.seconds)
+
+
+def test_time_cap_stops_an_exercise_and_says_how_many_seeds_it_ran():
+    kernel = _FakeKernel(0.05, lambda source, key: 2.0)
+    (audit,) = audit_kernel(kernel, 100, time_cap=0.4)
+    assert (
+        audit.capped and 3 <= audit.seeds_done < 100 and audit.runs["solution"] == audit.seeds_done
+    )
+    assert audit.seconds <= 0.4 + 0.1
+    assert f"seeds {audit.seeds_done}/100 (time cap 0.4 s)" in summary_line(audit)
+
+
+def test_a_wrong_run_with_any_point_counts_as_scored():
+    wrong = {"half_right": ("ex", "x = 1"), "all_wrong": ("ex", "x = 0")}
+    scores = {None: 2.0, "x = 1": 1.0, "x = 0": 0.0}
+    kernel = _FakeKernel(0.0, lambda source, key: scores[source])
+    (audit,) = audit_kernel(kernel, 4, wrong=wrong)
+    assert [(f.variant, f.score) for f in audit.failures] == [("half_right", 1.0)] * 4
+    assert "wrong 4/8 scored (half_right on seeds" in summary_line(audit)
+
+
+def test_command_line_runs_the_wrong_variants_and_replays_one(tmp_path, capsys):
+    course = tmp_path / "course"
+    shutil.copytree(FIXTURES / "solutions" / "90-fixture", course / "solutions" / "90-fixture")
+    shutil.copytree(FIXTURES / "tests" / "variants", course / "tests" / "variants")
+    key = next(  # one key for every seed: the students audit-0..3 have seeds of both parities
+        f"k{n}"
+        for n in range(100)
+        if len({seed_for(f"k{n}", f"audit-{i}", "double") % 2 for i in range(4)}) == 2
+    )
+    even = [i for i in range(4) if seed_for(key, f"audit-{i}", "double") % 2 == 0]
+    found = tmp_path / "audit.json"
+    args = ["90-fixture", "--root", str(course), "--exercise", "double", "--key", key]
+    assert main([*args, "--variants", "--seeds", "4", "--json", str(found)]) == 1
+    out = capsys.readouterr().out
+    assert f"wrong {len(even)}/8 scored (double_right_on_even_seeds on seeds" in out
+    record = json.loads(found.read_text())
+    assert record["lesson"] == "90-fixture" and record["seeds"] == 4
+    (audit,) = record["audits"]
+    assert [f["student"] for f in audit["failures"]] == [f"audit-{i}" for i in even]
+    assert {f["kind"] for f in audit["failures"]} == {"wrong"}
+    replay = [*args, "--variant", "double_right_on_even_seeds", "--student", f"audit-{even[0]}"]
+    assert main(replay) == 1
+    assert "[wrong double_right_on_even_seeds]" in capsys.readouterr().out
 
 
 def test_valid_variants_are_found_for_the_course_lessons():
