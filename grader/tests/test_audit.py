@@ -105,39 +105,6 @@ def test_command_line_exit_status(tmp_path, capsys):
     assert "double" in out and "triple" in out and "no run lost a point" in out
 
 
-def test_a_wrong_variant_scoring_on_some_seeds_is_reported_with_those_seeds():
-    """The fixture's ``double_right_on_even_seeds`` earns the point on even seeds only: the audit
-    names exactly those seeds (with the key and student of each), the always-wrong variant none."""
-    wrong, valid = wrong_variants("90-fixture", FIXTURES), valid_variants("90-fixture", FIXTURES)
-    assert set(wrong) == {"double_right_on_even_seeds", "double_times_three"}
-    parities = [0, 1, 1, 0, 1, 0]
-    keys = _keys_with_parities(parities, "double")
-    audits, _ = audit_lesson(
-        FIXTURE, seeds=6, exercises=["double"], valid=valid, wrong=wrong, keys=iter(keys)
-    )
-    (audit,) = audits
-    assert audit.runs == {
-        "solution": 6,
-        "double_by_add": 6,
-        "double_right_on_even_seeds": 6,
-        "double_times_three": 6,
-    }
-    assert audit.kinds["double_times_three"] == "wrong" and audit.kinds["double_by_add"] == "valid"
-    even = [i for i, parity in enumerate(parities) if parity == 0]
-    seeds = [seed_for(keys[i], f"audit-{i}", "double") for i in even]
-    assert [(f.variant, f.kind, f.key, f.student, f.seed) for f in audit.failures] == [
-        ("double_right_on_even_seeds", "wrong", keys[i], f"audit-{i}", seed)
-        for i, seed in zip(even, seeds, strict=True)
-    ]
-    assert all((f.score, f.max_score) == (1, 1) for f in audit.failures)
-    line = summary_line(audit)
-    assert "seeds 6/6" in line and "solution 0/6 lost" in line and "valid 0/6 lost" in line
-    assert f"wrong 3/12 scored (double_right_on_even_seeds on seeds {seeds[0]}, " in line
-    text = report(audits, 1.0, "90-fixture")
-    assert "any point (score > 0)" in text and "lost points: none" in text
-    assert f"--variant double_right_on_even_seeds --key {keys[0]} --student audit-0" in text
-
-
 class _FakeKernel:
     """Stands in for a lesson kernel: each run takes ``seconds`` and scores what ``score`` says."""
 
@@ -173,29 +140,53 @@ def test_a_wrong_run_with_any_point_counts_as_scored():
     assert "wrong 4/8 scored (half_right on seeds" in summary_line(audit)
 
 
-def test_command_line_runs_the_wrong_variants_and_replays_one(tmp_path, capsys):
+def test_a_wrong_variant_scoring_on_some_seeds_is_reported_with_those_seeds(tmp_path, capsys):
+    """The fixture's ``double_right_on_even_seeds`` earns the point on even seeds only: the audit
+    names exactly those seeds (with the key and student that replay each), the always-wrong
+    variant none, and exits 1; the replay of one of them says it is unfair."""
+    wrong, valid = wrong_variants("90-fixture", FIXTURES), valid_variants("90-fixture", FIXTURES)
+    assert set(wrong) == {"double_right_on_even_seeds", "double_times_three"}
+    assert set(valid) == {"double_by_add"}
     course = tmp_path / "course"
     shutil.copytree(FIXTURES / "solutions" / "90-fixture", course / "solutions" / "90-fixture")
     shutil.copytree(FIXTURES / "tests" / "variants", course / "tests" / "variants")
-    key = next(  # one key for every seed: the students audit-0..3 have seeds of both parities
+    key = next(  # one key for every seed: the students audit-0..5 have seeds of both parities
         f"k{n}"
         for n in range(100)
-        if len({seed_for(f"k{n}", f"audit-{i}", "double") % 2 for i in range(4)}) == 2
+        if len({seed_for(f"k{n}", f"audit-{i}", "double") % 2 for i in range(6)}) == 2
     )
-    even = [i for i in range(4) if seed_for(key, f"audit-{i}", "double") % 2 == 0]
+    seeds = [seed_for(key, f"audit-{i}", "double") for i in range(6)]
+    even = [i for i, seed in enumerate(seeds) if seed % 2 == 0]
     found = tmp_path / "audit.json"
     args = ["90-fixture", "--root", str(course), "--exercise", "double", "--key", key]
-    assert main([*args, "--variants", "--seeds", "4", "--json", str(found)]) == 1
+    assert main([*args, "--variants", "--seeds", "6", "--json", str(found)]) == 1
     out = capsys.readouterr().out
-    assert f"wrong {len(even)}/8 scored (double_right_on_even_seeds on seeds" in out
+    listed = ", ".join(str(seeds[i]) for i in even)
+    assert "seeds 6/6" in out and "solution 0/6 lost" in out and "valid 0/6 lost" in out
+    assert f"wrong {len(even)}/12 scored (double_right_on_even_seeds on seeds {listed})" in out
+    assert "any point (score > 0)" in out and "lost points: none" in out
+    for i in even:
+        replay = f"--variant double_right_on_even_seeds --key {key} --student audit-{i}"
+        assert f"seed {seeds[i]}: 1/1\n    replay: python -m grader.audit 90-fixture" in out
+        assert replay in out
     record = json.loads(found.read_text())
-    assert record["lesson"] == "90-fixture" and record["seeds"] == 4
+    assert record["lesson"] == "90-fixture" and record["seeds"] == 6
     (audit,) = record["audits"]
-    assert [f["student"] for f in audit["failures"]] == [f"audit-{i}" for i in even]
-    assert {f["kind"] for f in audit["failures"]} == {"wrong"}
+    assert audit["runs"] == {
+        "solution": 6,
+        "double_by_add": 6,
+        "double_right_on_even_seeds": 6,
+        "double_times_three": 6,
+    }
+    assert audit["kinds"]["double_times_three"] == "wrong"
+    assert [
+        (f["variant"], f["kind"], f["key"], f["student"], f["seed"]) for f in audit["failures"]
+    ] == [("double_right_on_even_seeds", "wrong", key, f"audit-{i}", seeds[i]) for i in even]
     replay = [*args, "--variant", "double_right_on_even_seeds", "--student", f"audit-{even[0]}"]
     assert main(replay) == 1
-    assert "[wrong double_right_on_even_seeds]" in capsys.readouterr().out
+    assert f"[wrong double_right_on_even_seeds] seed {seeds[even[0]]}: 1/1 UNFAIR" in (
+        capsys.readouterr().out
+    )
 
 
 def test_valid_variants_are_found_for_the_course_lessons():
