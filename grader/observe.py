@@ -52,6 +52,11 @@ def new_observer(exercise, seed, torch, limit=16 * 1024 * 1024):
 
     Tensor, dtype_type, device_type = torch.Tensor, torch.dtype, torch.device
     save, detach = torch.save, torch.Tensor.detach
+    # torch.save's legacy format cannot carry float8 storages: they travel as their bytes.
+    view, uint8 = torch.Tensor.view, torch.uint8
+    as_bytes = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                                                  "float8_e5m2fnuz", "float8_e8m0fnu")
+                     if hasattr(torch, n))
     scalars = (bool, int, float, complex, str, bytes, type(None))
 
     def mro(t):
@@ -64,8 +69,12 @@ def new_observer(exercise, seed, torch, limit=16 * 1024 * 1024):
             return {"kind": "foreign", "type": "too deeply nested"}
         if t is Tensor:
             copy = detach(value).cpu().clone()
-            return {"kind": "tensor", "tensor": copy, "device": str(value.device),
-                    "requires_grad": bool(value.requires_grad)}
+            entry = {"kind": "tensor", "tensor": copy, "device": str(value.device),
+                     "requires_grad": bool(value.requires_grad)}
+            if copy.dtype in as_bytes:
+                entry["tensor"] = view(copy, uint8)
+                entry["bytes_of"] = str(copy.dtype).removeprefix("torch.")
+            return entry
         if t in scalars:
             return {"kind": "value", "value": value}
         if t is dtype_type:
@@ -274,6 +283,11 @@ def _decoded(entry: Any) -> tuple[Any, str | None]:
         tensor = entry.get("tensor")
         if type(tensor) is not torch.Tensor:
             raise ObservationError("a tensor record holds no tensor")
+        if "bytes_of" in entry:  # a float8 tensor, carried as its bytes
+            dtype = getattr(torch, str(entry.get("bytes_of")), None)
+            if type(dtype) is not torch.dtype or dtype.itemsize != 1 or tensor.dtype != torch.uint8:
+                raise ObservationError("a tensor record holds bytes of an unknown dtype")
+            tensor = tensor.view(dtype)
         tensor.requires_grad_(bool(entry.get("requires_grad")))
         return tensor, None
     if kind == "value":
