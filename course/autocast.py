@@ -22,7 +22,7 @@ import functools
 import html
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -1007,3 +1007,211 @@ class AutocastTable:
 
     def _ipython_display_(self) -> None:
         display(self.widget)
+
+
+# --------------------------------------------------------------------------------------------
+# Random models for trace_dtypes' graded tests. The notebook's test cell builds them from its
+# seed and records what the student's tracer returns; the grader builds the same ones from the
+# same seed and traces them itself. Nothing here traces a model.
+
+
+def _first_output_tensor(out: object) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)):
+        for item in out:
+            if isinstance(item, torch.Tensor):
+                return item
+    return None
+
+
+class _Pair(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.fc(x), x.float()
+
+
+class _Tagged(nn.Module):
+    # The first element is not a tensor: the first TENSOR is the linear output.
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
+        return 7, self.fc(x), x.float()
+
+
+class _Listed(nn.Module):
+    # Returns a list, not a tuple: the first tensor in it is the linear output.
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [self.fc(x), x.float()]
+
+
+class _Count(nn.Module):
+    # Returns a number: no tensor, so no entry.
+    def forward(self, x: torch.Tensor) -> int:
+        return x.shape[0]
+
+
+class _Pick(nn.Module):
+    # Returns an integer tensor: its entry is torch.int64.
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.argmax(-1)
+
+
+class _Side(nn.Module):
+    # Side branches whose outputs are not used: a count (no tensor) and an argmax (int64).
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.count, self.pick, self.fc = _Count(), _Pick(), nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count(x)
+        self.pick(x)
+        return self.fc(x)
+
+
+class _ToFloat(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.float()
+
+
+class _Residual(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(d, d), nn.Tanh())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.inner(x)
+
+
+class _SelfAttention(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(d, 2, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = x.unsqueeze(1)
+        return self.attn(s, s, s)[0].squeeze(1)
+
+
+class Boom(nn.Module):
+    """A layer whose forward pass raises ``RuntimeError`` (a failing model, lesson 03)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("boom (raised on purpose by the hidden tests)")
+
+
+class TraceChain(nn.Module):
+    """Blocks called one after another on the first tensor each returns (lesson 03's tests).
+
+    With ``gate``, a submodule ``spare`` that the forward pass never calls; a second input, when
+    given, multiplies the first.
+    """
+
+    def __init__(self, blocks: list[nn.Module], gate: bool = False) -> None:
+        super().__init__()
+        self.order = []
+        for i, b in enumerate(blocks):
+            setattr(self, f"b{i}", b)
+            self.order.append(f"b{i}")
+        if gate:
+            self.spare = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+
+    def forward(self, x: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+        if rest:
+            x = x * rest[0]
+        for name in self.order:
+            x = _first_output_tensor(getattr(self, name)(x))
+        return x
+
+
+#: The kinds of block :func:`trace_block` builds.
+TRACE_KINDS = (
+    "linear", "seq", "softmax", "logsoftmax", "ln", "bn", "tofloat", "pair", "tagged",
+    "residual", "mha", "lstm_like", "listed", "side",
+)  # fmt: skip
+
+
+def trace_block(kind: str, d: int) -> nn.Module:
+    """A block of width ``d`` of one of :data:`TRACE_KINDS` (outputs of every shape a tracer
+    meets: tensors, tuples, lists, a non-tensor first element, int64, float32 inside)."""
+    return {
+        "linear": lambda: nn.Linear(d, d),
+        "seq": lambda: nn.Sequential(
+            nn.Linear(d, d), nn.ReLU(), nn.Sequential(nn.LayerNorm(d), nn.GELU())
+        ),
+        "softmax": lambda: nn.Softmax(dim=-1),
+        "logsoftmax": lambda: nn.LogSoftmax(dim=-1),
+        "ln": lambda: nn.LayerNorm(d),
+        "bn": lambda: nn.BatchNorm1d(d),
+        "tofloat": lambda: _ToFloat(),
+        "pair": lambda: _Pair(d),
+        "tagged": lambda: _Tagged(d),
+        "residual": lambda: _Residual(d),
+        "mha": lambda: _SelfAttention(d),
+        "lstm_like": lambda: nn.Sequential(nn.Linear(d, d), nn.Sigmoid()),
+        "listed": lambda: _Listed(d),
+        "side": lambda: _Side(d),
+    }[kind]()
+
+
+def _rint(gen: torch.Generator, lo: int, hi: int) -> int:
+    return int(torch.randint(lo, hi, (), generator=gen))
+
+
+def trace_cases(
+    gen: torch.Generator,
+) -> Iterator[tuple[list[str], bool, TraceChain, tuple[torch.Tensor, ...]]]:
+    """Eight random chains and their inputs, drawn from ``gen``: ``(kinds, embedding first,
+    model, inputs)``. Every kind appears in some chain whatever the seed."""
+    for trial in range(8):
+        d = 2 * _rint(gen, 2, 9)
+        kinds = [TRACE_KINDS[_rint(gen, 0, len(TRACE_KINDS))] for _ in range(_rint(gen, 3, 9))]
+        for k in (2 * trial, 2 * trial + 1):
+            kinds.insert(_rint(gen, 0, len(kinds) + 1), TRACE_KINDS[k % len(TRACE_KINDS)])
+        blocks = [trace_block(k, d) for k in kinds]
+        embed = trial % 4 == 3
+        if embed:
+            blocks.insert(0, nn.Embedding(11, d))
+        model = TraceChain(blocks, gate=trial % 2 == 0)
+        n = _rint(gen, 2, 7)
+        if embed:
+            inputs: tuple[torch.Tensor, ...] = (torch.randint(0, 11, (n,), generator=gen),)
+        elif trial % 4 == 1:
+            inputs = (torch.randn(n, d, generator=gen), torch.rand(n, 1, generator=gen))
+        else:
+            inputs = (torch.randn(n, d, generator=gen),)
+        yield kinds, embed, model, inputs
+
+
+def _someone_elses_hook(module: nn.Module, args: object, output: object) -> None:
+    return None
+
+
+def raising_cases(gen: torch.Generator) -> Iterator[tuple[int, TraceChain, torch.Tensor]]:
+    """Four chains that raise in block ``position`` (a :class:`Boom`, alone or inside a
+    ``Sequential``), each with a hook of someone else's on its first two modules, drawn from
+    ``gen`` after :func:`trace_cases`: ``(position, model, input)``."""
+    for trial in range(4):
+        d = 4
+        blocks = [trace_block(TRACE_KINDS[_rint(gen, 0, 6)], d) for _ in range(_rint(gen, 1, 4))]
+        pos = _rint(gen, 0, len(blocks) + 1)
+        blocks.insert(pos, nn.Sequential(nn.Linear(d, d), Boom()) if trial % 2 else Boom())
+        model = TraceChain(blocks)
+        x = torch.randn(3, d, generator=gen)
+        for m in list(model.modules())[:2]:
+            m.register_forward_hook(_someone_elses_hook)
+        yield pos, model, x
+
+
+def cuda_trace_model() -> TraceChain:
+    """The chain the tests trace under CUDA autocast (on the CPU; move it to the GPU)."""
+    return TraceChain([trace_block(k, 8) for k in ("seq", "softmax", "bn", "pair", "residual")])
