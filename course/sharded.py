@@ -2,17 +2,20 @@
 
 What the graded worker trains (:class:`FSDPConfig`), the run the experiments and the graders
 measure (:func:`sharded_worker`: FSDP2 with ``fully_shard`` on 2 or more real processes, started
-by :func:`course.launch.launch`), what each rank holds in memory (:func:`memory_worker`), a
-recorder of the collectives FSDP2 calls (:func:`record_fsdp_collectives`), the bfloat16-weights
-plot, the lesson's widget (:class:`ShardExplorer`), and :func:`without_course_runs`, with which
-the graders make the course's own runs refuse to stand in for an exercise. Introduced in lesson 07.
+by :func:`course.launch.launch`), instruments used inside a rank (the collectives FSDP2 calls,
+:func:`record_fsdp_collectives`; the bytes held at each unit's gradient reduction,
+:func:`record_backward_peaks`; DTensor's reductions of GradScaler's inf flag,
+:func:`count_dtensor_inf_reductions`), the plots, the lesson's widget (:class:`ShardExplorer`),
+and :func:`without_course_runs`, with which the graders make the course's own runs refuse to
+stand in for an exercise. The training step with ``torch.amp`` and the byte counting are the
+lesson's own code, in its notebook. Introduced in lesson 07.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -87,7 +90,7 @@ class FSDPConfig:
     ``x.chunk(W)[r]``. FSDP2's policy is ``MixedPrecisionPolicy(param_dtype=param_dtype,
     reduce_dtype=reduce_dtype)``; the optimizer is AdamW over the sharded parameters.
     ``unit_dtypes`` (root first, then each block) stores the units in other dtypes than
-    float32 (:func:`memory_worker` measures such models).
+    float32 (the lesson measures the memory of such models).
     """
 
     n_in: int = 16
@@ -305,102 +308,7 @@ def relative_error(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) 
 # Memory per rank, measured from the real sharded tensors
 
 
-@dataclass(frozen=True)
-class MemorySpec:
-    """A model and policy whose per-rank memory :func:`memory_worker` measures (lesson 07)."""
-
-    config: FSDPConfig = field(default_factory=FSDPConfig)
-    optimizer: str = "adamw"
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    t = local(t)
-    return t.numel() * t.element_size()
-
-
-def memory_worker(rank: int, world_size: int, spec: MemorySpec) -> dict:
-    """Shard ``spec.config``'s model, train one step, and count this rank's bytes (lesson 07).
-
-    Counted from the tensors themselves, each one's local shard (``DTensor.to_local()``, which
-    leaves out the padding FSDP2 adds to shorter shards): ``params`` (the sharded parameters),
-    ``grads`` (the sharded gradients after the step's reduce-scatter), ``optimizer`` (every
-    tensor in the optimizer's state, AdamW's 0-d ``step`` included) and ``gathered`` (the
-    largest unit's parameters while that unit runs its forward: the all-gathered copy in
-    ``param_dtype``) and ``backward_peak`` (the largest unit's bytes held at once while its
-    gradients are reduced: the unsharded gradients, in ``param_dtype``, and the reduce-scatter
-    input, padded, in ``reduce_dtype``, both counted at FSDP2's copy-in, see
-    :func:`record_backward_peaks`). Also ``units`` (bytes gathered per unit, "root" first),
-    ``peaks`` (backward peak per reduction, in the order FSDP2 reduced), ``local_rows`` and
-    ``head_state`` (dtype and local shape of each optimizer state tensor of ``head.weight``).
-    Each ``nn.Linear`` casts its input to its weight's dtype, so units stored in different
-    dtypes (``unit_dtypes``) run without a ``param_dtype``.
-    """
-    _refuse_while_grading("memory_worker")
-    cfg = spec.config
-    model = cfg.make_model().to(rank_device())
-    blocks = list(model.blocks)
-    names = {id(p): n for n, p in model.named_parameters()}
-    unit_names = {"root": [n for n in names.values() if not n.startswith("blocks.")]}
-    for i, block in enumerate(blocks):
-        unit_names[f"blocks.{i}"] = [f"blocks.{i}.{n}" for n, _ in block.named_parameters()]
-    shard_model(model, cfg.param_dtype, cfg.reduce_dtype)
-    gathered: dict[str, int] = {}
-
-    def measure(unit: str):
-        def hook(module, args):
-            gathered[unit] = sum(_nbytes(model.get_parameter(n)) for n in unit_names[unit])
-
-        return hook
-
-    handles = [model.register_forward_pre_hook(measure("root"))]
-    handles += [b.register_forward_pre_hook(measure(f"blocks.{i}")) for i, b in enumerate(blocks)]
-    handles += [
-        m.register_forward_pre_hook(_cast_to_weight)
-        for m in model.modules()
-        if isinstance(m, nn.Linear)
-    ]
-    if spec.optimizer == "adamw":
-        optimizer = cfg.make_optimizer(model.parameters())
-    elif spec.optimizer == "sgd":
-        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
-    else:
-        raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {spec.optimizer!r}")
-    x, y = cfg.batch(0)
-    x, y = x.chunk(world_size)[rank], y.chunk(world_size)[rank]
-    with record_backward_peaks() as peaks:
-        cfg.loss_fn(model(x.to(rank_device())), y.to(rank_device())).backward()
-    for h in handles:
-        h.remove()
-    params = list(model.parameters())
-    result = {
-        "params": sum(_nbytes(p) for p in params),
-        "grads": sum(_nbytes(p.grad) for p in params),
-    }
-    optimizer.step()
-    result["optimizer"] = sum(
-        _nbytes(v)
-        for state in optimizer.state.values()
-        for v in state.values()
-        if torch.is_tensor(v)
-    )
-    result["gathered"] = max(gathered.values())
-    result["backward_peak"] = max(peaks)
-    result["units"] = gathered
-    result["peaks"] = peaks
-    result["local_rows"] = {n: tuple(local(p).shape) for n, p in model.named_parameters()}
-    result["head_state"] = {
-        key: (str(value.dtype).removeprefix("torch."), tuple(local(value).shape))
-        for key, value in optimizer.state[model.head.weight].items()
-    }
-    return result
-
-
-def _cast_to_weight(module: nn.Module, args: tuple) -> tuple:
-    return tuple(a.to(module.weight.dtype) if torch.is_tensor(a) else a for a in args)
-
-
-@contextlib.contextmanager
-def record_backward_peaks() -> Iterator[list[int]]:
+def record_backward_peaks() -> contextlib.AbstractContextManager[list[int]]:
     """Inside a rank: per gradient reduction, the bytes FSDP2 holds at once (lesson 07).
 
     FSDP2 (torch 2.13, ``foreach_reduce`` in
@@ -409,7 +317,15 @@ def record_backward_peaks() -> Iterator[list[int]]:
     copies the unit's unsharded gradients (in ``param_dtype``) into it with
     ``foreach_reduce_scatter_copy_in``, and only then frees them. This wraps that function and
     appends, per call, the bytes of both: the unit's backward peak beyond what stays resident.
+    Refused while an exercise is graded (:func:`without_course_runs`): it is the lesson's
+    measurement, not a way to count.
     """
+    _refuse_while_grading("record_backward_peaks")
+    return _backward_peaks()
+
+
+@contextlib.contextmanager
+def _backward_peaks() -> Iterator[list[int]]:
     from torch.distributed.fsdp._fully_shard import _fsdp_collectives as collectives
 
     original = collectives.foreach_reduce_scatter_copy_in
@@ -426,16 +342,6 @@ def record_backward_peaks() -> Iterator[list[int]]:
         yield peaks
     finally:
         collectives.foreach_reduce_scatter_copy_in = original
-
-
-def measure_memory(
-    config: FSDPConfig, world_size: int, optimizer: str = "adamw", backend: str | None = None
-) -> list[dict]:
-    """Each rank's :func:`memory_worker` result for ``world_size`` real ranks (lesson 07)."""
-    _refuse_while_grading("measure_memory")
-    chosen = pick_backend(world_size, backend)
-    spec = MemorySpec(config=config, optimizer=optimizer)
-    return launch(memory_worker, world_size, (spec,), backend=chosen.name, show_output=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -475,14 +381,16 @@ def plot_memory(ax, per_rank: list[dict], title: str) -> None:
 class ShardExplorer:
     """Lesson 07's widget: world size and policy controls over measured memory and error.
 
-    Every change launches real ranks twice: :func:`memory_worker` (bytes per rank, from the
-    sharded tensors) and :func:`sharded_worker` (a short training run, whose final weights are
-    compared with :func:`single_process_run` in float32). ``results`` keeps the last
+    Every change launches real ranks twice: ``memory_worker`` (the lesson's own byte count,
+    ``memory_worker(rank, world_size, config, optimizer)`` returning a dict with the keys of
+    :data:`MEMORY_PARTS`) and :func:`sharded_worker` (a short training run, whose final weights
+    are compared with :func:`single_process_run` in float32). ``results`` keeps the last
     measurements, so tests can drive the controls.
     """
 
     def __init__(
         self,
+        memory_worker: Callable[..., dict],
         config: FSDPConfig | None = None,
         world_size: int = 2,
         param_dtype: str = "bfloat16",
@@ -495,6 +403,7 @@ class ShardExplorer:
 
         self.config = config or FSDPConfig(width=64, hidden=128, depth=3, steps=8, global_batch=48)
         self.backend = backend
+        self.memory_worker = memory_worker
         self.results: dict = {}
         self.reference = single_process_run(replace(self.config, param_dtype=None))
         self.world_size = W.IntSlider(
@@ -532,7 +441,13 @@ class ShardExplorer:
             raise ValueError(f"global batch {self.config.global_batch} does not split over {ws}")
         backend = pick_backend(ws, self.backend)
         try:
-            memory = measure_memory(cfg, ws, self.optimizer.value, backend.name)
+            memory = launch(
+                self.memory_worker,
+                ws,
+                (cfg, self.optimizer.value),
+                backend=backend.name,
+                show_output=False,
+            )
             run = launch(
                 sharded_worker, ws, (RunSpec(cfg),), backend=backend.name, show_output=False
             )
@@ -570,53 +485,7 @@ class ShardExplorer:
 
 
 # --------------------------------------------------------------------------------------------
-# The inf check: each rank sees only its shard
-
-#: How :func:`inf_check_worker` decides to step: by its own shard only ("local"), with
-#: ``torch.amp.GradScaler``, or with FSDP's ``ShardedGradScaler``.
-SCALERS = ("local", "GradScaler", "ShardedGradScaler")
-
-
-def inf_check_worker(rank: int, world_size: int, kind: str, config: FSDPConfig) -> dict:
-    """One float16 step with an inf planted in the last rank's shard of a gradient (lesson 07).
-
-    After the backward (so after FSDP2's reduce-scatter), element ``[0, 0]`` of the last rank's
-    local shard of ``head.weight``'s gradient is set to inf, as an overflow that lands in that
-    shard would be. ``kind`` (see :data:`SCALERS`) decides whether to step. Returns whether this
-    rank's shards held a non-finite value, whether its shards changed, the scale after, how
-    many ``dist.all_reduce`` calls the decision made, and how many times DTensor reduced the inf
-    flag across ranks (:func:`count_dtensor_inf_reductions`).
-    """
-
-    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-    device = rank_device()
-    model = shard_model(config.make_model().to(device), torch.float16, torch.float32)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    if kind == "ShardedGradScaler":
-        scaler = ShardedGradScaler(device.type, init_scale=2.0**10)
-    else:
-        scaler = torch.amp.GradScaler(device.type, init_scale=2.0**10)
-    x, y = config.batch(0)
-    x, y = x.chunk(world_size)[rank].to(device), y.chunk(world_size)[rank].to(device)
-    scaler.scale(config.loss_fn(model(x), y)).backward()
-    grad = local(model.head.weight.grad)
-    if rank == world_size - 1 and grad.numel():
-        grad[0, 0] = float("inf")
-    local_inf = any(not bool(local(p.grad).isfinite().all()) for p in model.parameters())
-    before = [local(p).detach().clone() for p in model.parameters()]
-    with record_fsdp_collectives() as sent, count_dtensor_inf_reductions() as flags:
-        scale = _decide(kind, model, optimizer, scaler, local_inf)
-    after = [local(p).detach() for p in model.parameters()]
-    changed = any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
-    return {
-        "rank": rank,
-        "local_inf": local_inf,
-        "stepped": changed,
-        "scale": scale,
-        "all_reduces": sum(name == "all_reduce" for name, _, _ in sent),
-        "dtensor_inf_reductions": len(flags),
-    }
+# The inf check: what DTensor does for GradScaler
 
 
 @contextlib.contextmanager
@@ -646,29 +515,12 @@ def count_dtensor_inf_reductions() -> Iterator[list[str]]:
         handlers[op] = original
 
 
-def _decide(kind: str, model: nn.Module, optimizer, scaler, local_inf: bool) -> float:
-    """Step (or not) as ``kind`` decides; return the scale after."""
-    import warnings
-
-    if kind == "local":  # unscale by hand, step if *this rank's* gradients are finite
-        if not local_inf:
-            for p in model.parameters():
-                local(p.grad).div_(scaler.get_scale())
-            optimizer.step()
-        return scaler.get_scale() * (0.5 if local_inf else 1.0)
-    with warnings.catch_warnings():  # DTensor's note on ShardedGradScaler's 1-element inf flag
-        warnings.filterwarnings("ignore", message="Found a non-scalar tensor")
-        scaler.step(optimizer)
-        scaler.update()
-    return scaler.get_scale()
-
-
 # --------------------------------------------------------------------------------------------
 # Grading: the course's own FSDP2 runs are not an answer
 
 #: The functions of this module that shard and train, or measure, a model themselves: an
 #: exercise that called them would hand in the course's run instead of its own.
-COURSE_RUNS = ("sharded_worker", "shard_model", "memory_worker", "measure_memory")
+COURSE_RUNS = ("sharded_worker", "shard_model", "record_backward_peaks")
 
 
 #: While :func:`without_course_runs` is active: ``(exercise, calls)``, innermost last.
@@ -683,8 +535,8 @@ def _refuse_while_grading(name: str) -> None:
         exercise, calls = _REFUSING[-1]
         calls.append(name)
         raise CheckFailed(
-            f"{exercise} called course.sharded.{name}, the course's own FSDP2 run: write it "
-            "with fully_shard (or, for shard_memory, count) yourself"
+            f"{exercise} called course.sharded.{name}, the course's own FSDP2 run or "
+            "measurement: write it with fully_shard (or, for shard_memory, count) yourself"
         )
 
 

@@ -1,34 +1,48 @@
-"""Lesson 07's helpers: FSDP2 runs on real gloo ranks, memory counts, the inf check, the widget."""
+"""Lesson 07's helpers: FSDP2 runs on real gloo ranks, the graders' memory measurement, the
+lesson's own inf check and byte count (its notebook's cells, run here), the widget."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import matplotlib
+import nbformat
 import pytest
 import torch
 
-from course.launch import launch
+from course.launch import RankFailed, launch
 from course.sharded import (
-    SCALERS,
     FSDPConfig,
-    MemorySpec,
     RunSpec,
     ShardExplorer,
     as_dtype,
-    inf_check_worker,
-    measure_memory,
-    memory_worker,
     plot_losses,
     plot_memory,
     relative_error,
     sharded_worker,
     single_process_run,
 )
+from grader.judges.l07_sharded import measure_memory, memory_worker
+from tests.conftest import SOLUTIONS, lesson_notebook
 
 matplotlib.use("Agg")
 
 SMALL = FSDPConfig(n_in=8, width=16, hidden=24, depth=2, n_out=5, steps=3, global_batch=8)
+
+
+@functools.cache
+def _page() -> dict:
+    """The lesson's setup imports and its code cells that define the inf check and the byte
+    count (``amp_step_worker``, ``rank_bytes``), run in a namespace of their own."""
+    nb = nbformat.read(lesson_notebook(SOLUTIONS, "07-sharded"), as_version=4)
+    namespace: dict = {"__name__": "lesson07"}
+    setup = next(c.source for c in nb.cells if c.source.startswith("import math"))
+    exec(setup.split("env = course.setup")[0], namespace)  # noqa: S102 - the lesson's own code
+    for cell in nb.cells:
+        if cell.source.startswith(("DECISIONS = ", "def nbytes(")):
+            exec(cell.source, namespace)  # noqa: S102
+    return namespace
 
 
 def test_config_is_deterministic_and_has_root_parameters():
@@ -97,7 +111,7 @@ def test_unwrapped_root_is_never_averaged():
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_memory_counts_partition_the_model(world_size):
-    ranks = launch(memory_worker, world_size, (MemorySpec(SMALL),), timeout=90)
+    ranks = launch(memory_worker, world_size, (SMALL, "adamw"), timeout=90)
     model = SMALL.make_model()
     params = list(model.parameters())
     total = sum(p.numel() * 4 for p in params)
@@ -109,9 +123,12 @@ def test_memory_counts_partition_the_model(world_size):
     root = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("blocks")) * 2
     assert ranks[0]["units"] == {"root": root, "blocks.0": block, "blocks.1": block}
     assert ranks[0]["gathered"] == max(root, block)
-    assert ranks[0]["local_rows"]["head.weight"][0] == -(-SMALL.n_out // world_size)
-    rows = ranks[0]["local_rows"]["head.weight"]
-    assert ranks[0]["head_state"] == {
+    # the lesson's own count (its notebook's rank_bytes) finds the same bytes
+    page = launch(_page()["rank_bytes"], world_size, (SMALL,), timeout=90)
+    for own, graders in zip(page, ranks, strict=True):
+        assert {k: own[k] for k in graders} == graders
+    rows = (-(-SMALL.n_out // world_size), SMALL.width)
+    assert page[0]["head_state"] == {
         "step": ("float32", ()),
         "exp_avg": ("float32", rows),
         "exp_avg_sq": ("float32", rows),
@@ -156,20 +173,25 @@ def test_memory_with_sgd_and_float32_compute():
         measure_memory(cfg, 2, "lion")
 
 
-def test_inf_in_one_shard_needs_a_collective_check():
-    for kind in SCALERS:
-        a, b = launch(inf_check_worker, 2, (kind, SMALL), timeout=90)
-        assert (a["local_inf"], b["local_inf"]) == (False, True)
-        if kind == "local":
+def test_the_pages_amp_step_skips_on_every_rank_only_with_a_collective_check():
+    """The lesson's FSDP2 + torch.amp step (its notebook's amp_step_worker), inf planted in the
+    last rank's shard: a rank-local decision half-steps, the all-reduced flag and both scalers
+    skip on every rank and halve the scale."""
+    page = _page()
+    for decide in page["DECISIONS"]:
+        a, b = launch(page["amp_step_worker"], 2, (SMALL, decide), timeout=90)
+        assert (a["mine"], b["mine"]) == (False, True)
+        assert a["anywhere"] and b["anywhere"]
+        if decide == "local":
             assert (a["stepped"], b["stepped"]) == (True, False)
             assert a["scale"] != b["scale"]
         else:
             assert (a["stepped"], b["stepped"]) == (False, False)
             assert a["scale"] == b["scale"] == 512.0
         # the plain GradScaler agrees through DTensor's reduction of the inf flag alone
-        expected_dtensor = 0 if kind == "local" else 1
+        expected_dtensor = 1 if "Scaler" in decide else 0
         assert a["dtensor_inf_reductions"] == b["dtensor_inf_reductions"] == expected_dtensor
-        assert a["all_reduces"] == (1 if kind == "ShardedGradScaler" else 0)
+        assert a["all_reduces"] == (1 if decide == "ShardedGradScaler" else 0)
 
 
 def test_plots_draw():
@@ -184,7 +206,7 @@ def test_plots_draw():
 
 def test_widget_measures_real_ranks():
     cfg = replace(SMALL, steps=2, global_batch=12)
-    explorer = ShardExplorer(config=cfg, world_size=2)
+    explorer = ShardExplorer(memory_worker, config=cfg, world_size=2)
     two = explorer.results
     assert two["reduced_in"] == ["float32"] and len(two["memory"]) == 2
     explorer.world_size.value = 3
@@ -201,15 +223,19 @@ def test_course_runs_are_refused_inside_the_block_and_restored_after():
     from course.checks import CheckFailed
     from course.sharded import COURSE_RUNS, without_course_runs
 
-    alias = module.measure_memory  # imported under another name: refused all the same
+    alias = module.shard_model  # imported under another name: refused all the same
     calls: list[str] = []
     with without_course_runs("shard_memory", calls):
         with pytest.raises(CheckFailed, match="count\\) yourself"):
-            alias(SMALL, 2)
+            alias(None, None, None)
         for name in COURSE_RUNS:
+            args = () if name == "record_backward_peaks" else (None, None, None)
             with pytest.raises(CheckFailed, match=f"shard_memory called course.sharded.{name}"):
-                getattr(module, name)(None, None, None)
-    assert calls == ["measure_memory", *COURSE_RUNS]
+                getattr(module, name)(*args)
+        # the lesson's own count measures with record_backward_peaks: refused in forked ranks
+        with pytest.raises(RankFailed, match="called course.sharded.record_backward_peaks"):
+            launch(_page()["rank_bytes"], 2, (SMALL,), timeout=90, show_output=False)
+    assert calls == ["shard_model", *COURSE_RUNS]
     assert not module._REFUSING
     assert measure_memory(SMALL, 2)[0]["params"] > 0  # runs again once the block is left
 

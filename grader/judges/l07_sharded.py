@@ -25,8 +25,15 @@ from course.checks import (
     check_shape,
     check_tensor_equal,
 )
-from course.launch import launch
-from course.sharded import FSDPConfig, RunSpec, measure_memory, sharded_worker
+from course.launch import launch, rank_device
+from course.sharded import (
+    FSDPConfig,
+    RunSpec,
+    local,
+    rank_mesh,
+    record_backward_peaks,
+    sharded_worker,
+)
 from grader.observe import Foreign, Observations
 
 
@@ -195,6 +202,71 @@ def fsdp_amp_worker(obs: Observations) -> None:
 # --------------------------------------------------------------------------------------------
 # shard_memory
 
+
+def _nbytes(t: torch.Tensor) -> int:
+    t = local(t)
+    return t.numel() * t.element_size()
+
+
+def memory_worker(rank: int, world_size: int, config: FSDPConfig, optimizer: str) -> dict:
+    """On each of the grader's ranks: shard ``config``'s model as section 1 does, train one
+    step, and count this rank's bytes from the tensors themselves (each DTensor's local shard,
+    which leaves out FSDP2's padding), as the lesson's own count does: the sharded parameters,
+    their gradients, the optimizer state, the largest unit's gathered copy (its parameters
+    while it runs its forward) and backward peak (:func:`course.sharded.record_backward_peaks`).
+    """
+    from torch import nn
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    device = rank_device()
+    model = config.make_model().to(device)
+    units = {"root": [n for n, _ in model.named_parameters() if not n.startswith("blocks.")]}
+    for i, block in enumerate(model.blocks):
+        units[f"blocks.{i}"] = [f"blocks.{i}.{n}" for n, _ in block.named_parameters()]
+    policy = MixedPrecisionPolicy(param_dtype=config.param_dtype, reduce_dtype=config.reduce_dtype)
+    mesh = rank_mesh()
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    gathered: dict[str, int] = {}
+    modules = {"root": model, **{f"blocks.{i}": b for i, b in enumerate(model.blocks)}}
+    for unit, module in modules.items():
+        module.register_forward_pre_hook(
+            lambda m, args, unit=unit: gathered.update(
+                {unit: sum(_nbytes(model.get_parameter(n)) for n in units[unit])}
+            )
+        )
+    for module in model.modules():  # units stored in different dtypes compute in their own
+        if isinstance(module, nn.Linear):
+            module.register_forward_pre_hook(
+                lambda m, args: tuple(a.to(m.weight.dtype) for a in args)
+            )
+    if optimizer == "adamw":
+        opt = config.make_optimizer(model.parameters())
+    elif optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=0.9)
+    else:
+        raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
+    x, y = config.batch(0)
+    x, y = x.chunk(world_size)[rank].to(device), y.chunk(world_size)[rank].to(device)
+    with record_backward_peaks() as peaks:
+        config.loss_fn(model(x), y).backward()
+    params = list(model.parameters())
+    counts = {"params": sum(map(_nbytes, params)), "grads": sum(_nbytes(p.grad) for p in params)}
+    opt.step()
+    counts["optimizer"] = sum(
+        _nbytes(v) for state in opt.state.values() for v in state.values() if torch.is_tensor(v)
+    )
+    counts["gathered"] = max(gathered.values())
+    counts["backward_peak"] = max(peaks)
+    return {**counts, "units": gathered, "peaks": peaks}
+
+
+def measure_memory(config: FSDPConfig, world_size: int, optimizer: str = "adamw") -> list[dict]:
+    """Each rank's :func:`memory_worker` result on ``world_size`` gloo ranks of the grader's."""
+    return launch(memory_worker, world_size, (config, optimizer), show_output=False)
+
+
 MEMORY_KEYS = ["backward_peak", "gathered", "grads", "optimizer", "params"]
 HINTS = {
     "params": "each parameter's first ceil(rows / world_size) rows, in its own dtype",
@@ -312,7 +384,7 @@ def shard_memory(obs: Observations) -> None:
         )
         check(after == state_digest(cfg.make_model()), f"{what}: shard_memory changed the model")
         cfg = replace(cfg, param_dtype=pd, reduce_dtype=rd)
-        measured = measure_memory(cfg, ws, opt, backend="gloo")[0]
+        measured = measure_memory(cfg, ws, opt)[0]
         for key in MEMORY_KEYS:
             check(
                 type(got[key]) is int,

@@ -353,18 +353,16 @@ def fsdp_amp_worker(rank, world_size, config):
     "shard_memory_calls_measure_memory": (
         "shard_memory",
         """
-import course.sharded
-
-
 def shard_memory(model, world_size, policy, optimizer="adamw"):
-    # Wrong: measures real ranks with the course's own memory_worker instead of counting
+    # Wrong: measures real ranks with the lesson's rank_bytes (section 4) instead of counting
     # (rebuilding the config from the model's shapes).
     config = FSDPConfig(
         n_in=model.embed.in_features, width=model.embed.out_features,
         hidden=model.blocks[0].fc1.out_features, depth=len(model.blocks),
         n_out=model.head.out_features, param_dtype=policy.param_dtype,
-        reduce_dtype=policy.reduce_dtype)
-    rank0 = course.sharded.measure_memory(config, world_size, optimizer, backend="gloo")[0]
+        reduce_dtype=policy.reduce_dtype,
+        unit_dtypes=(model.embed.weight.dtype, *(b.fc1.weight.dtype for b in model.blocks)))
+    rank0 = launch(rank_bytes, world_size, (config, optimizer), backend="gloo")[0]
     return {k: rank0[k] for k in ("params", "grads", "optimizer", "gathered", "backward_peak")}
 """,
     ),
