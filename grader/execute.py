@@ -22,7 +22,7 @@ import time
 from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
 
-from grader.cells import cell_limits, graded_test_cells, timeouts_from_answer
+from grader.cells import cell_limits, graded_test_cells, stall_after, timeouts_from_answer
 from grader.sandbox import Settings, execute
 
 __all__ = ["SandboxedExecute", "apply_answer", "graded_test_cells", "record_timing"]
@@ -110,7 +110,10 @@ class SandboxedExecute(Execute):
         # Calibrated per-cell limits (grader/calibrate.py), when autograde passes them.
         calibration = json.loads(os.environ.get("GRADER_CELL_LIMITS") or "null")
         per_cell = cell_limits(nb, calibration) if calibration else None
-        answer = execute(plain, graded_test_cells(nb), settings, cell_timeouts=per_cell)
+        slow = stall_after(nb, calibration) if calibration else None
+        answer = execute(
+            plain, graded_test_cells(nb), settings, cell_timeouts=per_cell, stall_after=slow
+        )
         statuses = apply_answer(nb, answer)
         statuses.update(judge(nb, resources, settings))
         events_file = os.environ.get("GRADER_EVENTS")

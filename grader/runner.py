@@ -25,6 +25,12 @@ own; everything else a cell prints counts towards ``max_output``.
 or ``no-verdict`` (the reply said ``ok`` but the grader's verdict for the test was not a pass).
 An optional ``"cell_timeouts": {index: s}`` in the request overrides ``cell_timeout`` per cell;
 each executed cell's answer also has ``seconds`` (its run time) and ``limit`` (the one applied).
+An optional ``"stall_after": {index: s}`` (the solution's time plus a margin, from the
+calibration) makes a cell that is still running at that time leave one event saying where it
+waits: the kernel's messages for the cell so far (whether its ``execute_reply`` came) and the
+state of every thread of the kernel and of its children, read from ``/proc`` (nothing in the
+kernel is asked, so a stuck kernel answers too). Cells without an entry get it at
+:data:`STALL_DEFAULT` seconds when their limit is longer.
 
 Before starting the kernel it makes itself non-dumpable (so a kernel running as the same user
 cannot read its memory or file descriptors through /proc or ptrace) and points fds 1 and 2 at
@@ -48,6 +54,36 @@ DEVNULL = os.open(os.devnull, os.O_RDWR)
 #: and the most it may hold (``grader.observe.OBSERVER`` stops a driver before this).
 OBSERVATIONS = "application/x-grader-observations"
 OBSERVATIONS_LIMIT = 24 * 1024 * 1024
+
+#: Seconds after which a cell with no calibrated ``stall_after`` is described (see above).
+STALL_DEFAULT = 60.0
+
+#: x86-64 and aarch64 numbers of the system calls a waiting thread is usually in.
+SYSCALLS = {
+    "x86_64": {
+        0: "read",
+        7: "poll",
+        23: "select",
+        35: "nanosleep",
+        61: "wait4",
+        202: "futex",
+        230: "clock_nanosleep",
+        232: "epoll_wait",
+        270: "pselect6",
+        271: "ppoll",
+        281: "epoll_pwait",
+    },
+    "aarch64": {
+        63: "read",
+        73: "ppoll",
+        72: "pselect6",
+        98: "futex",
+        101: "nanosleep",
+        115: "clock_nanosleep",
+        260: "wait4",
+        22: "epoll_pwait",
+    },
+}
 
 
 def _harden() -> int:
@@ -87,6 +123,50 @@ def _processes() -> dict[int, tuple[int, str]]:
             continue
         found[int(name)] = (int(fields[1]), fields[0].decode())
     return found
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4096).decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _threads(pid: int) -> list[str]:
+    """``tid name state wchan syscall`` for every thread of ``pid`` (what /proc lets us read)."""
+    calls = SYSCALLS.get(os.uname().machine, {})
+    found = []
+    try:
+        tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+    except OSError:
+        return [f"{pid}: gone"]
+    for tid in tids:
+        base = f"/proc/{pid}/task/{tid}"
+        stat = _read(f"{base}/stat").rsplit(")", 1)[-1].split()
+        state = stat[0] if stat else "?"
+        wchan = _read(f"{base}/wchan") or "-"
+        number = _read(f"{base}/syscall").split(" ")[0]
+        call = calls.get(int(number), f"syscall {number}") if number.isdigit() else number or "-"
+        name = _read(f"{base}/comm") or "?"
+        main = " (main)" if tid == str(pid) else ""
+        found.append(f"{tid}{main} {name} {state} {wchan} {call}")
+    return found
+
+
+def describe_stall(kernel: int | None, log: list, reply: bool) -> str:
+    """Where a long-running cell waits: its messages so far and the kernel tree's threads."""
+    seen = ", ".join(f"{kind}@{at:.1f}s" for at, kind in log[-12:]) or "none"
+    parts = [
+        f"messages for the cell: {seen}",
+        f"execute_reply {'received' if reply else 'not received'}",
+    ]
+    if kernel is not None:
+        procs = _processes()
+        tree = [kernel] + sorted(p for p, (parent, _) in procs.items() if parent == kernel)
+        for pid in tree:
+            parts.append(f"process {pid}: " + "; ".join(_threads(pid)))
+    return " | ".join(parts)
 
 
 def _kill_leftovers(kernel: int | None) -> int:
@@ -241,6 +321,34 @@ async def _run(request: dict, events: list, timing: dict) -> list:
         if status != "ok":
             events.append(f"grader prelude failed: {status}")
         timing["prelude"] = time.monotonic() - tick
+        # What the current cell's messages were, for describe_stall (a cell that runs long).
+        log: list = []
+        current: dict = {"msg_id": None, "start": 0.0, "reply": False}
+
+        def logged(channel, name):
+            get = channel.get_msg
+
+            async def get_msg(*args, **kwargs):
+                msg = await get(*args, **kwargs)
+                if current["msg_id"] and msg["parent_header"].get("msg_id") == current["msg_id"]:
+                    kind = msg["msg_type"]
+                    if kind == "status":
+                        kind += ":" + str(msg["content"].get("execution_state"))
+                    current["reply"] = current["reply"] or kind == "execute_reply"
+                    log.append((time.monotonic() - current["start"], f"{name} {kind}"))
+                return msg
+
+            channel.get_msg = get_msg
+
+        logged(client.kc.shell_channel, "shell")
+        logged(client.kc.iopub_channel, "iopub")
+        raw_execute = client.kc.execute
+
+        def tracked_execute(*args, **kwargs):
+            current["msg_id"] = raw_execute(*args, **kwargs)
+            return current["msg_id"]
+
+        client.kc.execute = tracked_execute
         plain_execute = client.kc.execute
         tick = time.monotonic()
         for index, cell in enumerate(nb.cells):
@@ -284,6 +392,21 @@ async def _run(request: dict, events: list, timing: dict) -> list:
             client.timeout = max(1.0, min(limit, remaining))
             statuses.pop(index, None)
             started = time.monotonic()
+            log.clear()
+            current.update(msg_id=None, start=started, reply=False)
+            stall = float((request.get("stall_after") or {}).get(str(index), STALL_DEFAULT))
+            watchdog = None
+            if stall < client.timeout:
+
+                async def watch(after: float = stall, index: int = index) -> None:
+                    await asyncio.sleep(after)
+                    kernel = getattr(client.km.provisioner, "pid", None)
+                    events.append(
+                        f"cell {index}: still running after {after:.0f} s: "
+                        + describe_stall(kernel, log, current["reply"])
+                    )
+
+                watchdog = asyncio.ensure_future(watch())
             try:
                 await client.async_execute_cell(cell, index)
                 status = statuses.get(index, "error")
@@ -301,6 +424,8 @@ async def _run(request: dict, events: list, timing: dict) -> list:
                 cell.outputs.append(_error(type(exc).__name__, str(exc)[:500]))
                 dead = not await client.km.is_alive()
             finally:
+                if watchdog is not None:
+                    watchdog.cancel()
                 if test:
                     cell.source = source
                     client.kc.execute = plain_execute

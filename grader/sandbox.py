@@ -309,12 +309,17 @@ def bwrap_command(settings: Settings, python: str | None = None) -> list[str]:
 
 
 def execute(
-    nb: dict, graded: list[int], settings: Settings, cell_timeouts: dict[int, float] | None = None
+    nb: dict,
+    graded: list[int],
+    settings: Settings,
+    cell_timeouts: dict[int, float] | None = None,
+    stall_after: dict[int, float] | None = None,
 ) -> dict:
     """Execute ``nb`` (a notebook as a dict); returns the runner's answer.
 
     ``cell_timeouts`` (cell index -> seconds, from :mod:`grader.calibrate`) overrides
-    ``limits.cell_timeout`` for those cells.
+    ``limits.cell_timeout`` for those cells; a cell still running at its ``stall_after`` leaves
+    an event saying where the kernel waits (``grader/runner.py``).
 
     The answer is ``{"cells": [{index, outputs, execution_count, status}], "events": [...]}``;
     when the sandbox itself fails (killed at the notebook's limit, crashed), ``cells`` is empty
@@ -336,6 +341,7 @@ def execute(
         "lesson_files": None,
         "kernel_env": dict(settings.kernel_env),
         "cell_timeouts": {str(k): float(v) for k, v in (cell_timeouts or {}).items()},
+        "stall_after": {str(k): float(v) for k, v in (stall_after or {}).items()},
     }
     cwd = None
     tmp = None

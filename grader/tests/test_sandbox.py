@@ -277,3 +277,24 @@ def test_a_venv_that_is_a_symbolic_link_still_runs_the_sandbox(tmp_path):
     cell = answer["cells"][0] if answer["cells"] else {}
     assert cell.get("status") == "ok", answer["events"]
     assert "42" in "".join(o.get("text", "") for o in cell["outputs"])
+
+
+def test_a_cell_running_past_its_expected_time_says_where_the_kernel_waits():
+    """The stall report: the cell's messages so far and every kernel thread's state, from /proc."""
+    need_bwrap()
+    nb = new_notebook(cells=[new_code_cell("import time\ntime.sleep(4)"), new_code_cell("1 + 1")])
+    answer = sandbox.execute(
+        json.loads(json.dumps(nb)),
+        [],
+        Settings(limits=Limits(cell_timeout=30, notebook_timeout=60)),
+        stall_after={0: 1.0, 1: 1.0},
+    )
+    stalls = [e for e in answer["events"] if "still running" in e]
+    assert len(stalls) == 1, answer["events"]
+    (event,) = stalls
+    assert event.startswith("cell 0: still running after 1 s: ")
+    assert "iopub status:busy" in event and "execute_reply not received" in event
+    # The kernel's main thread sleeps (the cell's time.sleep), which /proc shows.
+    main = next(part for part in event.split("; ") if "(main)" in part)
+    assert "nanosleep" in main, event
+    assert [c["status"] for c in answer["cells"]] == ["ok", "ok"]
