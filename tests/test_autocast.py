@@ -452,3 +452,23 @@ def test_nominal_differences_are_the_ops_that_promote_by_themselves_or_are_compo
     assert A.promotes_by_itself("addcmul") and not A.promotes_by_itself("dot")
     assert A.nominal_difference("index_put") is None
     assert A.nominal_difference("linear") is None  # the same list on both
+
+
+def test_trace_cases_are_the_same_for_the_same_seed_and_cover_every_kind():
+    def structure(seed: int) -> list:
+        gen = torch.Generator().manual_seed(seed)
+        cases = [
+            (kinds, [n for n, _ in model.named_modules()], [x.tolist() for x in inputs])
+            for kinds, _embed, model, inputs in A.trace_cases(gen)
+        ]
+        raising = [(pos, [n for n, _ in m.named_modules()]) for pos, m, _x in A.raising_cases(gen)]
+        return cases + raising
+
+    assert structure(3) == structure(3)
+    gen = torch.Generator().manual_seed(4)
+    seen = {k for kinds, *_ in A.trace_cases(gen) for k in kinds}
+    assert seen == set(A.TRACE_KINDS)
+    pos, model, x = next(A.raising_cases(torch.Generator().manual_seed(0)))
+    assert A.count_forward_hooks(model) == 2
+    with pytest.raises(RuntimeError, match="boom"):
+        model(x)

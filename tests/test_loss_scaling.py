@@ -203,3 +203,45 @@ def test_simulated_scaler_runs_on_the_given_device():
     explorer = ScaleTrajectoryExplorer(steps=20, device="cpu")
     assert explorer.device == torch.device("cpu")
     assert "cpu" in explorer.ax.get_title()
+
+
+def test_packed_tensors_come_back_with_their_dtypes_shapes_and_nesting():
+    from course.loss_scaling import pack_tensors, unpack_tensors
+
+    nested = [
+        [torch.randn(3, 4), torch.arange(5)],
+        [],
+        [torch.tensor(2.5, dtype=torch.float16), [torch.randn(0, 2), "not a tensor"]],
+    ]
+    back = unpack_tensors(pack_tensors(nested))
+    flat_in = [nested[0][0], nested[0][1], nested[2][0], nested[2][1][0]]
+    flat_out = [back[0][0], back[0][1], back[2][0], back[2][1][0]]
+    assert back[1] == [] and back[2][1][1] is None
+    for a, b in zip(flat_in, flat_out, strict=True):
+        assert b.dtype == a.dtype and b.shape == a.shape and torch.equal(a, b)
+    packed = pack_tensors([torch.ones(2)])
+    packed["data"]["float32"] = torch.ones(1)
+    with pytest.raises(ValueError):
+        unpack_tensors(packed)
+
+
+def test_driving_grad_scaler_through_a_scenario_is_deterministic():
+    import random
+
+    from course.loss_scaling import drive_scaler, scaler_scenario, unpack_trace
+
+    cfg, n_opt, events = scaler_scenario(random.Random(5), n_opt=2, growth_interval=2)
+    events = events[:7]  # the sixth overflows in both optimizers
+    make = lambda **kw: torch.amp.GradScaler("cpu", **kw)  # noqa: E731
+    runs = [
+        unpack_trace(drive_scaler(make, make, cfg, n_opt, events, 11), events) for _ in range(2)
+    ]
+    assert runs[0]["scales"] == runs[1]["scales"] and runs[0]["stepped"] == runs[1]["stepped"]
+    last = zip(runs[0]["params"][-1], runs[1]["params"][-1], strict=True)
+    assert all(torch.equal(a, b) for a, b in last)
+    assert len(runs[0]["stepped"]) == 7 and all(len(s) == 2 for s in runs[0]["stepped"])
+    # GradScaler returns the optimizer's token and refuses a second unscale_.
+    assert all(fine for _delta, _did, fine, _r, _t in runs[0]["steps"])
+    assert all(kind == "raised" and "RuntimeError" in c for kind, _n, c, _m in runs[0]["twice"])
+    skipped = sum(not did for s in runs[0]["stepped"] for _o, did in s)
+    assert skipped >= 2
