@@ -6,6 +6,8 @@
     python3 run.py lab --instructor   the same with nbgrader's instructor panels (Create
                            Assignment, Formgrader, course list)
     python3 run.py test    install what is needed (test tools too) and run the whole test suite
+    python3 run.py hub --roster roster.csv   as root: a JupyterHub for the class on this machine
+                           (accounts, passwords, nbgrader's exchange; see README.md)
     python3 run.py gpu-check   on an NVIDIA GPU machine: grade every lesson on CUDA, confirm the
                            CUDA autocast lists, print the speed/memory benchmark
 
@@ -167,6 +169,15 @@ def cmd_test(args: list[str]) -> int:
     return subprocess.call(cmd, cwd=ROOT, env=child_env())
 
 
+def cmd_hub(args: list[str]) -> int:
+    """``python -m grader hub ARGS``: the class's JupyterHub (it installs what it needs)."""
+    ensure_venv()
+    ensure_installed("")
+    cmd = [str(PY), "-m", "grader", "hub", *args]
+    say("$ " + " ".join(cmd))
+    return subprocess.call(cmd, cwd=ROOT, env=child_env())
+
+
 def cmd_gpu_check(args: list[str]) -> int:
     ensure_venv()
     ensure_installed("")
@@ -178,7 +189,7 @@ def cmd_gpu_check(args: list[str]) -> int:
 def main(argv: list[str]) -> int:
     if sys.version_info < (3, 11):  # noqa: UP036 - this script may be started by an older Python
         fail(f"Python 3.11 or newer is needed; this is {sys.version.split()[0]}")
-    commands = {"lab": cmd_lab, "test": cmd_test, "gpu-check": cmd_gpu_check}
+    commands = {"lab": cmd_lab, "test": cmd_test, "hub": cmd_hub, "gpu-check": cmd_gpu_check}
     if not argv or argv[0] not in commands:
         print(__doc__.strip())
         return 0 if argv and argv[0] in ("-h", "--help") else 2

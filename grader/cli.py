@@ -324,6 +324,30 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return selfcheck([args.notebook, "--timeout", str(args.timeout)])
 
 
+def _cmd_hub(args: argparse.Namespace) -> int:
+    from grader.hub import DEFAULT_EXCHANGE, DEFAULT_PREFIX, STATE, HubOptions, main
+
+    return main(
+        HubOptions(
+            roster=Path(args.roster),
+            instructor=args.instructor,
+            prefix=Path(args.prefix or DEFAULT_PREFIX),
+            exchange=Path(args.exchange or DEFAULT_EXCHANGE),
+            state=Path(args.state or STATE),
+            user_prefix=args.user_prefix,
+            port=args.port,
+            public=args.public,
+            ssl_cert=args.ssl_cert,
+            ssl_key=args.ssl_key,
+            lessons=args.lesson or [],
+            mem_limit=args.mem_limit,
+            cull_timeout=args.cull_timeout,
+            reset_passwords=args.reset_passwords,
+            setup_only=args.setup_only,
+        )
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m grader",
@@ -573,6 +597,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("notebook", help="e.g. lessons/02-loss-scaling/02-loss-scaling.ipynb")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per cell")
     p.set_defaults(func=_cmd_check)
+
+    p = sub.add_parser(
+        "hub",
+        help="a JupyterHub for the class on this machine (as root): accounts, exchange, views",
+        description="Install (pinned) and start a JupyterHub for the class: a Unix account and "
+        "password per roster student and for the instructor (PAM), the students' servers from a "
+        "world-readable class environment, nbgrader's exchange with the lessons released, the "
+        "student view for students and formgrader for the instructor. Re-run with a changed "
+        "roster to add and lock students (their work is kept). Passwords: .hub/passwords.csv.",
+    )
+    p.add_argument("--roster", required=True, help="CSV with a student_id column (optional "
+                   "hub_user: the Unix name to use)")  # fmt: skip
+    p.add_argument("--instructor", default="instructor", help="the instructor's Unix user")
+    p.add_argument("--port", type=int, default=8000, help="the hub's port (default 8000)")
+    p.add_argument(
+        "--public",
+        action="store_true",
+        help="listen on all interfaces over HTTPS (needs --ssl-cert and --ssl-key)",
+    )
+    p.add_argument("--ssl-cert", help="TLS certificate (PEM, full chain) for --public")
+    p.add_argument("--ssl-key", help="the certificate's private key (PEM)")
+    p.add_argument("--lesson", action="append", help="release only this lesson (repeatable)")
+    p.add_argument("--prefix", help="the class environment (default /opt/mixed-precision-course)")
+    p.add_argument("--exchange", help="nbgrader's exchange root (default nbgrader's own)")
+    p.add_argument("--state", help="the hub's own files: proxy, database, passwords (.hub/)")
+    p.add_argument("--user-prefix", default="", help="put in front of every student's Unix name")
+    p.add_argument(
+        "--mem-limit",
+        default="4G",
+        help="per-user memory limit: shown to users, NOT enforced by this machine's "
+        "LocalProcessSpawner (Kubernetes enforces it)",
+    )
+    p.add_argument("--cull-timeout", type=int, default=3600, help="stop servers idle this long (s)")
+    p.add_argument("--reset-passwords", action="store_true", help="new passwords for everyone")
+    p.add_argument("--setup-only", action="store_true", help="set everything up, do not start")
+    p.set_defaults(func=_cmd_hub)
     return parser
 
 

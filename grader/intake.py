@@ -528,6 +528,19 @@ def update_identities(root: Path, lesson: str, found: dict[str, dict[str, str]])
     tmp.replace(path)
 
 
+#: The course directory's map of roster ids to JupyterHub (Unix) user names, written by
+#: ``python -m grader hub``: on that hub the exchange names submissions by hub user.
+HUB_USERS = "hub-users.csv"
+
+
+def read_hub_users(root: Path) -> dict[str, str] | None:
+    """``{hub user: student_id}`` from ``root/hub-users.csv``, or None without that file."""
+    path = root / HUB_USERS
+    if not path.is_file():
+        return None
+    return {r["hub_user"]: r["student_id"] for r in _read_csv(path) if r.get("hub_user")}
+
+
 def intake_exchange(
     root: Path,
     lesson: str,
@@ -540,6 +553,9 @@ def intake_exchange(
     The exchange holds ``<course>/inbound/<student>+<lesson>+<timestamp>[+random]/``; for each
     student the latest is taken, its ``timestamp.txt`` and ``submission_secret.txt`` kept
     verbatim. ``exchange`` defaults to nbgrader's ``Exchange.root`` in the course's config.
+    On ``python -m grader hub``'s JupyterHub the folder names the hub user: the course
+    directory's ``hub-users.csv`` maps it back to the roster id (identities keep the hub user
+    as the exchange's ``lms_id``).
     """
     from grader.courseconfig import exchange_root
 
@@ -552,12 +568,20 @@ def intake_exchange(
     if not inbound.is_dir():
         report.unmapped.append((str(inbound), "no such exchange inbound folder"))
         return report
+    hub_users = read_hub_users(root)
     latest: dict[str, tuple[str, Path]] = {}
+    hub_user_of: dict[str, str] = {}
     for entry in sorted(inbound.iterdir()):
         parts = entry.name.split("+")
         if len(parts) < 3 or parts[1] != lesson:
             continue
         student, stamp = parts[0], parts[2]
+        if hub_users is not None:
+            if student not in hub_users:
+                report.unmapped.append((entry.name, f"hub user {student!r} is not in {HUB_USERS}"))
+                continue
+            hub_user_of[hub_users[student]] = student
+            student = hub_users[student]
         if not valid_student_id(student):
             report.unmapped.append((entry.name, f"student id {student!r} is not allowed"))
             continue
@@ -591,7 +615,7 @@ def intake_exchange(
         if student in {s for s, _ in report.placed + report.unchanged}:
             found[student] = {
                 "lms": "exchange",
-                "lms_id": student,
+                "lms_id": hub_user_of.get(student, student),
                 "name": student,
                 "time_source": "exchange",
             }

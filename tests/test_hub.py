@@ -1,0 +1,526 @@
+"""The class on JupyterHub, end to end: ``python -m grader hub`` and two students in Chromium.
+
+The hub command is started on a free loopback port with a two-student roster (ids that are not
+Unix names: capitals, ``@ . +``, a leading digit) and accounts made for this test (a random
+prefix; removed afterwards, even on failure). Everyone logs in through JupyterHub's PAM
+authenticator with the passwords the command set. The instructor sees lesson 01 released (the
+instructor view: formgrader); each student, in their own browser context, fetches it from the
+Assignment List, fills in one exercise (one right, one wrong), one of them presses Validate, both
+submit. The instructor (their own Unix account, the class environment) runs ``intake
+--exchange``, sandboxed ``autograde``, ``feedback`` and nbgrader's ``release_feedback``; each
+student fetches their feedback and sees their own score and messages, not the other's. Then the
+isolation: from a student's account, another student's files, the instructor's course directory
+(solutions, hidden tests, gradebook, grading key), the exchange's inbound listing and another
+user's server URL are all refused. Screenshots go to $COURSE_TEST_ARTIFACTS/screenshots
+(default test-artifacts/screenshots).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import pwd
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from grader import REPO_ROOT
+from grader.hub import NODE_MIN, hub_name
+
+pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("hub")]
+
+LESSON = "01-number-formats"
+EXERCISE = "fp16_bits"  # 2 points
+RIGHT = """def fp16_bits(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    bits = x.view(torch.int16).to(torch.int32) & 0xFFFF
+    return bits >> 15, (bits >> 10) & 0x1F, bits & 0x3FF
+"""
+WRONG = """def fp16_bits(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    bits = x.view(torch.int16).to(torch.int32) & 0xFFFF
+    return bits >> 15, (bits >> 10) & 0x1F, bits & 0x1FF
+"""
+TIMES: dict[str, float] = {}
+_MARK = [time.monotonic()]
+
+
+def _phase(name: str) -> None:
+    """Record how long the step that just ended took."""
+    now = time.monotonic()
+    TIMES[name] = TIMES.get(name, 0.0) + now - _MARK[0]
+    _MARK[0] = now
+
+
+def _missing(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (required under CI)")
+    pytest.skip(reason)
+
+
+def _prerequisites() -> None:
+    if os.geteuid() != 0:
+        _missing("the class hub makes Unix accounts: it needs root")
+    for tool in ("useradd", "userdel", "chpasswd", "runuser", "node", "npm"):
+        if not shutil.which(tool):
+            _missing(f"{tool} is not installed (the hub needs it)")
+    out = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout
+    if int(re.match(r"v?(\d+)", out).group(1)) < NODE_MIN:
+        _missing(f"node {out.strip()} is older than {NODE_MIN}")
+    if not Path("/usr/bin/python3").exists():
+        _missing("no system Python at /usr/bin/python3 for the class environment")
+    if not shutil.which("bwrap"):
+        _missing("bubblewrap is not installed (the sandboxed autograde)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _remove_accounts(users: list[str]) -> None:
+    """Stop every process of the test's accounts (by pid) and delete them with their homes."""
+    import psutil
+
+    uids = set()
+    for user in users:
+        try:
+            uids.add(pwd.getpwnam(user).pw_uid)
+        except KeyError:
+            pass
+    for _ in range(3):
+        procs = [p for p in psutil.process_iter(["uids"]) if p.info["uids"].real in uids]
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        if not procs:
+            break
+        psutil.wait_procs(procs, timeout=5)
+    for user in users:
+        subprocess.run(["userdel", "--remove", "--force", user], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory):
+    _prerequisites()
+    tag = "zq" + secrets.token_hex(2)
+    roster_ids = ["Ada.Lovelace@uni", "2Grace+H"]
+    names = {sid: hub_name(sid, f"{tag}-") for sid in roster_ids}
+    instructor = f"{tag}-teach"
+    users = [*names.values(), instructor]
+    for user in users:
+        assert not re.search(r"[^a-z0-9_-]", user) and len(user) <= 32, user
+    work = Path(tempfile.mkdtemp(prefix=f"{tag}-"))
+    work.chmod(0o755)  # the exchange inside must be reachable by every account
+    state = tmp_path_factory.mktemp("hubstate")
+    roster = work / "roster.csv"
+    roster.write_text("student_id,lms_id,name\n" + "".join(f"{s},{i},{s}\n" for i, s in
+                      enumerate(roster_ids)))  # fmt: skip
+    port = _free_port()
+    log_path = state / "hub.log"
+    log = open(log_path, "w")  # noqa: SIM115 - closed below
+    cmd = [
+        sys.executable, "-m", "grader", "hub", "--roster", str(roster), "--instructor",
+        instructor, "--user-prefix", f"{tag}-", "--port", str(port), "--lesson", LESSON,
+        "--exchange", str(work / "exchange"), "--state", str(state), "--cull-timeout", "900",
+    ]  # fmt: skip
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"the hub command exited {proc.returncode}:\n{log_path.read_text()}")
+            try:
+                with urllib.request.urlopen(f"{url}/hub/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"the hub did not answer in 600 s:\n{log_path.read_text()[-4000:]}")
+            time.sleep(1)
+        TIMES["hub command to a working hub"] = time.monotonic() - started
+        print(f"hub up in {TIMES['hub command to a working hub']:.1f} s")
+        settings = json.loads((state / "settings.json").read_text())
+        with open(settings["passwords"], newline="") as fh:
+            passwords = {r["hub_user"]: r["password"] for r in csv.DictReader(fh)}
+        yield {
+            "url": url,
+            "names": names,
+            "instructor": instructor,
+            "passwords": passwords,
+            "settings": settings,
+            "course": Path(settings["course"]),
+            "exchange": Path(settings["exchange"]),
+            "prefix": Path(settings["prefix"]),
+            "log": log_path,
+            "roster": roster,
+            "cmd": cmd,
+        }
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # JupyterHub stops the servers and the proxy
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        log.close()
+        kept = Path(os.environ.get("COURSE_TEST_ARTIFACTS") or REPO_ROOT / "test-artifacts")
+        kept.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(log_path, kept / "hub.log")
+        print(f"the hub's log: {kept / 'hub.log'}")
+        _remove_accounts(users)
+        shutil.rmtree(work, ignore_errors=True)
+        print("times:", json.dumps({k: round(v, 1) for k, v in TIMES.items()}))
+
+
+def _as(hub, user: str, *cmd: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``cmd`` run as ``user`` with the environment of their hub terminal (the class
+    environment first on PATH; for the instructor the course directory on PYTHONPATH)."""
+    home = pwd.getpwnam(user).pw_dir
+    env = [f"HOME={home}", f"USER={user}", f"PATH={hub['prefix']}/bin:/usr/bin:/bin"]
+    if user == hub["instructor"]:
+        env.append(f"PYTHONPATH={hub['course']}")
+    return subprocess.run(
+        ["runuser", "-u", user, "--", "env", "-i", *env, *cmd],
+        cwd=cwd or home,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def _grader(hub, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m grader ARGS`` as the instructor types it in the course directory."""
+    start = time.monotonic()
+    proc = _as(hub, hub["instructor"], "python", "-m", "grader", *args, cwd=hub["course"])
+    TIMES[f"grader {args[0]}"] = time.monotonic() - start
+    print(f"$ python -m grader {' '.join(args)}\n{proc.stdout}{proc.stderr}")
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def _login(browser, hub, user: str):
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    page.goto(f"{hub['url']}/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", hub["passwords"][user])
+    page.click("#login_submit")
+    page.wait_for_url(re.compile(rf"/user/{user}/lab"), timeout=240_000)
+    page.wait_for_selector("#jp-menu-panel .lm-MenuBar-itemLabel", timeout=120_000)
+    return context, page
+
+
+def _nbgrader_menu(page) -> list[str]:
+    page.locator("#jp-menu-panel .lm-MenuBar-itemLabel", has_text="Nbgrader").click()
+    page.wait_for_selector("#jp-mainmenu-nbgrader", timeout=10_000)
+    items = page.locator("#jp-mainmenu-nbgrader .lm-Menu-itemLabel:visible").all_inner_texts()
+    return [t.strip() for t in items if t.strip()]
+
+
+def _assignment_list(page):
+    """Open nbgrader's Assignment List (Nbgrader menu) and wait for it to load."""
+    _nbgrader_menu(page)
+    page.locator("#jp-mainmenu-nbgrader .lm-Menu-itemLabel", has_text="Assignment List").click()
+    page.wait_for_selector("#released_assignments_list", timeout=30_000)
+    page.wait_for_function(
+        "() => !document.querySelector('#released_assignments_list_loading')"
+        " || document.querySelector('#released_assignments_list_loading').offsetParent === null",
+        timeout=60_000,
+    )
+    return page
+
+
+def _fill(page, hub, user: str, source: str) -> None:
+    """Open the fetched lesson, type ``source`` into the exercise's cell, save."""
+    page.goto(f"{hub['url']}/user/{user}/lab/tree/{LESSON}/{LESSON}.ipynb")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+    cell = page.locator(".jp-CodeCell", has_text="def fp16_bits").filter(has_text="YOUR CODE").first
+    cell.scroll_into_view_if_needed()
+    cell.locator(".cm-content").click()
+    page.keyboard.press("Control+A")
+    page.keyboard.insert_text(source.strip())
+    page.keyboard.press("Control+S")
+    page.wait_for_function(
+        "() => !document.querySelector('.lm-TabBar-tab.jp-mod-current.jp-mod-dirty')",
+        timeout=30_000,
+    )
+
+
+def _contents(context, hub, user: str, path: str):
+    return context.request.get(f"{hub['url']}/user/{user}/api/contents/{path}")
+
+
+def test_a_class_on_jupyterhub(hub, browser, shots):
+    started = _MARK[0] = time.monotonic()
+    url, names, teacher = hub["url"], hub["names"], hub["instructor"]
+    ada, grace = names["Ada.Lovelace@uni"], names["2Grace+H"]
+
+    # The instructor: the instructor view (formgrader), lesson 01 released to the exchange.
+    t_ctx, t_page = _login(browser, hub, teacher)
+    menu = _nbgrader_menu(t_page)
+    t_page.keyboard.press("Escape")
+    assert {"Assignment List", "Formgrader", "Create assignment"} <= set(menu), menu
+    fg = t_ctx.request.get(f"{url}/user/{teacher}/formgrader/manage_assignments")
+    assert fg.status == 200, fg.status
+    released = hub["exchange"] / "mixed-precision" / "outbound" / LESSON / f"{LESSON}.ipynb"
+    assert released.is_file()
+    t_page.goto(f"{url}/user/{teacher}/formgrader")
+    t_page.locator("tr", has_text=LESSON).first.wait_for(timeout=60_000)
+    t_page.screenshot(path=str(shots / "hub-instructor-formgrader.png"))
+    _phase("instructor: login, server, formgrader")
+
+    # Two students, each in their own browser context: fetch, fill in, (Validate), submit.
+    students = {}
+    for user, source in ((ada, RIGHT), (grace, WRONG)):
+        ctx, page = _login(browser, hub, user)
+        menu = _nbgrader_menu(page)
+        page.keyboard.press("Escape")
+        assert menu == ["Assignment List"], f"{user}'s view: {menu}"
+        assert ctx.request.get(f"{url}/user/{user}/formgrader").status == 404
+        _assignment_list(page)
+        row = page.locator("#released_assignments_list .list_item", has_text=LESSON)
+        row.wait_for(timeout=60_000)
+        row.get_by_role("button", name="Fetch").click()
+        page.locator("#fetched_assignments_list .list_item", has_text=LESSON).first.wait_for(
+            timeout=60_000
+        )
+        if user == ada:
+            page.screenshot(path=str(shots / "hub-student-assignment-list.png"))
+        _phase("students: login, server, fetch")
+        _fill(page, hub, user, source)
+        students[user] = (ctx, page)
+        _phase("students: fill in, save")
+
+    page = students[ada][1]
+    page.locator(".jp-NotebookPanel-toolbar").get_by_text("Validate", exact=True).click()
+    dialog = page.locator(".jp-Dialog-content")
+    dialog.wait_for(timeout=300_000)
+    page.wait_for_function(
+        "() => !document.querySelector('.jp-Dialog-content').innerText.includes('Validating')",
+        timeout=300_000,
+    )
+    verdict = dialog.inner_text()
+    print("Validate:", verdict[:1500])
+    assert "fp16_bits" not in verdict.split("NotImplementedError")[0] or "Validat" in verdict
+    page.screenshot(path=str(shots / "hub-student-validate.png"))
+    page.keyboard.press("Escape")
+    _phase("Validate")
+
+    for _ctx, page in students.values():
+        _assignment_list(page)
+        fetched = page.locator("#fetched_assignments_list .list_item", has_text=LESSON).first
+        fetched.get_by_role("button", name="Submit").click()
+        page.locator("#submitted_assignments_list .list_item", has_text=LESSON).first.wait_for(
+            timeout=60_000
+        )
+
+    _phase("students: submit")
+    # The instructor grades from the exchange, in their own account.
+    intake = _grader(hub, "intake", LESSON, "--exchange")
+    assert "Ada.Lovelace@uni" in intake.stdout and "2Grace+H" in intake.stdout
+    course = hub["course"]
+    assert (course / "submitted" / "Ada.Lovelace@uni" / LESSON / f"{LESSON}.ipynb").is_file()
+    _grader(hub, "autograde", LESSON, "--no-progress", "--workers", "2", "--cell-timeout", "300")
+    _grader(hub, "feedback", LESSON, "--deliver", "exchange")
+    _phase("instructor: intake, autograde, feedback")
+    assert list((hub["exchange"] / "mixed-precision" / "feedback").glob("*.html"))
+
+    pages = {}
+    for user, (ctx, page) in students.items():
+        page.reload()
+        page.wait_for_selector("#jp-menu-panel .lm-MenuBar-itemLabel", timeout=120_000)
+        _assignment_list(page)
+        sub = page.locator("#submitted_assignments_list .list_item", has_text=LESSON).first
+        sub.get_by_role("button", name="Fetch Feedback").click()
+        page.get_by_text("(view feedback)").first.wait_for(timeout=60_000)
+        listing = _contents(ctx, hub, user, f"{LESSON}/feedback").json()
+        (stamp,) = [e["name"] for e in listing["content"]]
+        page.goto(f"{url}/user/{user}/files/{LESSON}/feedback/{stamp}/{LESSON}.html")
+        page.wait_for_selector("text=Score", timeout=30_000)
+        pages[user] = page.inner_text("body")
+        page.screenshot(path=str(shots / f"hub-feedback-{'right' if user == ada else 'wrong'}.png"))
+    ada_text, grace_text = pages[ada], pages[grace]
+    assert f"{LESSON} (Score: 2.0 / 14.0)" in ada_text, ada_text[:2000]
+    assert f"{LESSON} (Score: 0.0 / 14.0)" in grace_text, grace_text[:2000]
+    assert "the mantissa of" in grace_text, "the failing check's message is in her feedback"
+    assert "the mantissa of" not in ada_text
+    assert "Ada.Lovelace" not in grace_text and "2Grace" not in ada_text
+    assert "BEGIN HIDDEN TESTS" not in ada_text + grace_text
+    _phase("students: fetch and read feedback")
+    TIMES["browser and grading"] = time.monotonic() - started
+
+    # Isolation, from a student's account.
+    other_nb = Path(pwd.getpwnam(grace).pw_dir) / LESSON / f"{LESSON}.ipynb"
+    assert other_nb.is_file()
+    secrets_of_course = [
+        course / "solutions" / LESSON / f"{LESSON}.ipynb",
+        course / "gradebook.db",
+        course / "submitted" / "2Grace+H" / LESSON / f"{LESSON}.ipynb",
+        course / "grader" / "judges",
+        *[p for p in course.glob(".grading-key*")],
+        REPO_ROOT / "solutions" / LESSON / f"{LESSON}.ipynb",
+    ]
+    for path in [other_nb, *secrets_of_course]:
+        assert path.exists(), path
+        got = _as(hub, ada, "cat" if path.is_file() else "ls", str(path))
+        assert got.returncode != 0 and "Permission denied" in got.stderr, (path, got.stdout[:200])
+    inbound = hub["exchange"] / "mixed-precision" / "inbound"
+    got = _as(hub, ada, "ls", str(inbound))
+    assert got.returncode != 0 and "Permission denied" in got.stderr, got.stdout
+    assert oct(course.stat().st_mode & 0o777) == "0o700"
+    ada_ctx = students[ada][0]
+    for path in ("api/contents", f"api/contents/{LESSON}/{LESSON}.ipynb", "lab"):
+        resp = ada_ctx.request.get(f"{url}/user/{grace}/{path}", max_redirects=0)
+        assert resp.status in (302, 403, 404) and "fp16_bits" not in resp.text(), (
+            path,
+            resp.status,
+        )
+    assert ada_ctx.request.get(f"{url}/user/{ada}/api/contents").status == 200
+
+    for ctx in [t_ctx, *(c for c, _ in students.values())]:
+        ctx.close()
+
+
+def test_a_changed_roster_adds_and_locks_students_keeping_their_work(hub):
+    """The command again (setup only) with a changed roster: one added, one removed (locked)."""
+    grace = hub["names"]["2Grace+H"]
+    roster = hub["roster"].with_name("roster2.csv")
+    roster.write_text("student_id,lms_id\nAda.Lovelace@uni,0\nCarol.new,2\n")
+    cmd = [c if c != str(hub["roster"]) else str(roster) for c in hub["cmd"]]
+    carol = hub_name("Carol.new", cmd[cmd.index("--user-prefix") + 1])
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    try:
+        proc = subprocess.run(
+            [*cmd, "--setup-only"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+            timeout=600,
+        )  # fmt: skip
+        print(proc.stdout, proc.stderr)
+        assert proc.returncode == 0, proc.stderr
+        assert f"accounts created: {carol}" in proc.stdout
+        assert f"accounts locked: {grace}" in proc.stdout
+        shadow = subprocess.run(["passwd", "--status", grace], capture_output=True, text=True)
+        assert shadow.stdout.split()[1] == "L", shadow.stdout
+        home = Path(pwd.getpwnam(grace).pw_dir)
+        assert (home / LESSON / f"{LESSON}.ipynb").is_file(), "the removed student's work is kept"
+        nb = nbformat.read(home / LESSON / f"{LESSON}.ipynb", 4)
+        assert any("0x1FF" in c.source for c in nb.cells)
+        users = (hub["course"] / "hub-users.csv").read_text()
+        assert f"Carol.new,{carol}" in users and f"2Grace+H,{grace}" in users
+    finally:
+        _remove_accounts([carol])
+
+
+# Without a hub: the name map, intake through it, and the Kubernetes files as far as this machine
+# checks them.
+
+
+def test_roster_ids_become_valid_distinct_unix_names():
+    from grader.hub import UNIX_NAME, hub_names
+
+    ids = ["Ada.Lovelace@uni", "ada-lovelace-uni", "2Grace+H", "bob", "Bob", "x" * 60]
+    names = hub_names(ids, "c1-")
+    assert len(set(names.values())) == len(ids)
+    for sid, name in names.items():
+        assert UNIX_NAME.match(name) and len(name) <= 32, (sid, name)
+    assert names["bob"] == "c1-bob", "an id that is already a Unix name stays readable"
+    assert names["Bob"] != names["bob"] and names["Bob"].startswith("c1-bob-")
+    assert names["2Grace+H"].startswith("c1-s2grace-h-")
+    with pytest.raises(ValueError, match="map to one user"):
+        hub_names(["bob", "bob"])
+
+
+def test_intake_maps_hub_users_back_to_roster_ids(tmp_path):
+    from grader.hub import write_users_file
+    from grader.intake import intake_exchange
+
+    root, exchange = tmp_path / "course", tmp_path / "exchange"
+    root.mkdir()
+    names = {"Ada.Lovelace@uni": hub_name("Ada.Lovelace@uni"), "bob": "bob"}
+    write_users_file(root / "hub-users.csv", names)
+    inbound = exchange / "mixed-precision" / "inbound"
+    stamp = "2026-12-01 10:00:00.000000 UTC"
+    for user in [*names.values(), "mallory"]:
+        entry = inbound / f"{user}+{LESSON}+{stamp}+abc"
+        entry.mkdir(parents=True)
+        (entry / f"{LESSON}.ipynb").write_text(f'{{"who": "{user}"}}')
+        (entry / "timestamp.txt").write_text(stamp)
+        (entry / "submission_secret.txt").write_text(f"secret-{user}")
+    report = intake_exchange(root, LESSON, exchange)
+    assert sorted(s for s, _ in report.placed) == ["Ada.Lovelace@uni", "bob"]
+    assert [why for _, why in report.unmapped] == ["hub user 'mallory' is not in hub-users.csv"]
+    placed = root / "submitted" / "Ada.Lovelace@uni" / LESSON
+    assert names["Ada.Lovelace@uni"] in (placed / f"{LESSON}.ipynb").read_text()
+    assert (placed / "submission_secret.txt").read_text() == f"secret-{names['Ada.Lovelace@uni']}"
+    idents = json.loads((root / "intake" / LESSON / "identities.json").read_text())
+    assert idents["Ada.Lovelace@uni"]["lms_id"] == names["Ada.Lovelace@uni"]
+    write_users_file(root / "hub-users.csv", {"carol": "carol"})  # a later roster keeps the rows
+    assert "Ada.Lovelace@uni" in (root / "hub-users.csv").read_text()
+
+
+def test_the_kubernetes_values_mount_one_shared_exchange_and_limit_memory():
+    import yaml
+
+    values = yaml.safe_load((REPO_ROOT / "hub" / "k8s" / "values.yaml").read_text())
+    pvc = yaml.safe_load((REPO_ROOT / "hub" / "k8s" / "exchange-pvc.yaml").read_text())
+    assert pvc["kind"] == "PersistentVolumeClaim" and pvc["spec"]["accessModes"] == [
+        "ReadWriteMany"
+    ]
+    single = values["singleuser"]
+    (volume,) = single["storage"]["extraVolumes"]
+    assert volume["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    (mount,) = single["storage"]["extraVolumeMounts"]
+    assert mount["name"] == volume["name"]
+    assert mount["mountPath"] == "/usr/local/share/nbgrader/exchange"
+    assert single["memory"]["limit"] and values["cull"]["enabled"]
+    auth = values["hub"]["config"]["Authenticator"]
+    assert auth["allowed_users"] and auth["admin_users"]
+    assert values["hub"]["config"]["JupyterHub"]["authenticator_class"] != "dummy"
+    for name, code in values["hub"]["extraConfig"].items():
+        compile(code, name, "exec")  # the hub's Python config parses
+
+
+def test_the_single_user_dockerfile_is_pinned_and_carries_no_solutions():
+    from grader.hub import JUPYTERHUB
+
+    lines, joined = [], ""
+    for raw in (REPO_ROOT / "hub" / "Dockerfile").read_text().splitlines():
+        if raw.strip().startswith("#") or not raw.strip():
+            continue
+        joined += raw.rstrip("\\").strip() + " "
+        if not raw.rstrip().endswith("\\"):
+            lines.append(joined.strip())
+            joined = ""
+    known = {"FROM", "ARG", "ENV", "RUN", "COPY", "USER", "WORKDIR", "EXPOSE", "ENTRYPOINT", "CMD"}
+    ops = [line.split()[0] for line in lines]
+    assert set(ops) <= known, set(ops) - known
+    assert ops[0] == "FROM" and re.match(r"FROM \S+:\d+\.\d+\.\d+-", lines[0]), lines[0]
+    assert ops[-1] == "CMD" and "USER" in ops[ops.index("COPY") :], "the image runs as a user"
+    sources = [src for line in lines if line.startswith("COPY") for src in line.split()[1:-1]]
+    assert sources and not [s for s in sources if s.split("/")[0] in ("solutions", "grader", ".")]
+    pip = next(line for line in lines if "pip install" in line)
+    assert f"jupyterhub=={JUPYTERHUB}" in pip
+    for src in sources:
+        assert (REPO_ROOT / src).exists(), src
