@@ -17,7 +17,7 @@ from torch import nn
 
 from course.benchmark import BASE_MODES, COMPILED, Result, math_mode, parse_mode, run_benchmark
 from course.benchmark import unsupported_reason as _unsupported
-from course.gpt import GPTConfig, lm_loss
+from course.gpt import GPT, GPTConfig, lm_loss
 from course.plotting import new_figure
 
 #: The parts of a training step's memory, bottom to top in the stacked bar chart.
@@ -29,6 +29,47 @@ MEMORY_PARTS: tuple[str, ...] = (
     "activations",
 )
 _HALF = (torch.float16, torch.bfloat16)
+
+
+class AutocastProbeGPT(GPT):
+    """The lesson's GPT, recording its initial weights, on every forward pass whether gradients
+    and autocast were on and its input, and, when backward reaches the logits, whether autocast
+    was on then (lesson 09's tests of ``train_compare``: the recipe runs ``backward()`` outside
+    autocast)."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__(config)
+        self.initial = {k: v.detach().clone() for k, v in self.state_dict().items()}
+        self.calls: list[tuple[bool, bool, torch.Tensor]] = []
+        self.backward_autocast: list[bool] = []
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        kind = idx.device.type
+        self.calls.append((torch.is_grad_enabled(), torch.is_autocast_enabled(kind), idx.clone()))
+        logits = super().forward(idx)
+        if logits.requires_grad:
+            logits.register_hook(self._on_backward)
+        return logits
+
+    def _on_backward(self, grad: torch.Tensor) -> None:
+        self.backward_autocast.append(torch.is_autocast_enabled(grad.device.type))
+
+    def flags(self) -> dict[str, list[bool]]:
+        """What the probe saw, as plain lists: per forward pass (grad enabled, autocast
+        enabled), and autocast's state at each backward pass."""
+        return {
+            "grad": [c[0] for c in self.calls],
+            "autocast": [c[1] for c in self.calls],
+            "backward_autocast": list(self.backward_autocast),
+        }
+
+
+def probed_gpt(config: GPTConfig, built: list) -> AutocastProbeGPT:
+    """A new :class:`AutocastProbeGPT`, appended to ``built`` (a ``model_fn`` for
+    ``functools.partial``: the caller keeps every model the function under test built)."""
+    model = AutocastProbeGPT(config)
+    built.append(model)
+    return model
 
 
 def _nbytes(tensors) -> int:

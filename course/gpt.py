@@ -105,12 +105,15 @@ def random_batches(
 def val_batch(
     tokens: torch.Tensor,
     block_size: int,
-    max_windows: int = 64,
+    max_windows: int | None = 64,
     device: torch.device | str = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The validation set as one batch: the first ``max_windows`` non-overlapping windows of
-    ``tokens`` as ``(x, y)``, ``y`` shifted by one (lesson 09)."""
-    n = min(max_windows, (len(tokens) - 1) // block_size)
+    ``tokens`` (all of them when None: the whole held-out text) as ``(x, y)``, ``y`` shifted
+    by one (lesson 09)."""
+    n = (len(tokens) - 1) // block_size
+    if max_windows is not None:
+        n = min(max_windows, n)
     if n < 1:
         raise ValueError(f"need more than {block_size} tokens, got {len(tokens)}")
     x = tokens[: n * block_size].view(n, block_size).long()
@@ -128,7 +131,11 @@ class GPTConfig:
     """The sizes of a :class:`GPT` (lesson 09).
 
     ``block_size`` is the context length (the longest sequence the position embedding covers),
-    ``d_model`` the width of the residual stream, ``d_ff`` the MLP's hidden width.
+    ``d_model`` the width of the residual stream, ``d_ff`` the MLP's hidden width, ``init_std``
+    the standard deviation of the initial weights (GPT-2's 0.02; a tiny one makes float16
+    gradients underflow without a loss scaler, which lesson 09's grader uses), ``dropout`` the
+    probability of the dropout after each block's attention and MLP (0: none, and no random
+    numbers drawn; above 0 a training run depends on the RNG state, which a checkpoint keeps).
     """
 
     vocab_size: int = 256
@@ -137,6 +144,8 @@ class GPTConfig:
     n_head: int = 4
     d_model: int = 128
     d_ff: int = 512
+    init_std: float = 0.02
+    dropout: float = 0.0
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_head:
@@ -181,18 +190,22 @@ class Block(nn.Module):
             nn.GELU(),
             nn.Linear(config.d_ff, config.d_model, bias=False),
         )
+        self.drop = nn.Dropout(config.dropout) if config.dropout else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        x = x + self.drop(self.attn(self.ln1(x)))
+        return x + self.drop(self.mlp(self.ln2(x)))
 
 
 class GPT(nn.Module):
     """A decoder-only transformer over bytes: ``forward(idx)`` returns next-byte logits (lesson 09).
 
     ``idx`` is ``(batch, seq)`` int64 with ``seq <= config.block_size``; the logits are
-    ``(batch, seq, vocab_size)``. Weights start normal with std 0.02 (GPT-2's choice), LayerNorm
-    gains at 1.
+    ``(batch, seq, vocab_size)``. Weights start as GPT-2's do: normal with std
+    ``config.init_std`` (0.02), except the two projections that write into the residual stream
+    in each block (attention's output projection and the MLP's second layer), whose std is
+    divided by ``sqrt(2 * n_layer)`` so that the stream's variance does not grow with depth;
+    LayerNorm gains at 1, biases (LayerNorm's only) at 0.
     """
 
     def __init__(self, config: GPTConfig) -> None:
@@ -206,7 +219,11 @@ class GPT(nn.Module):
         self.head.weight = self.tok_emb.weight  # tied: one matrix, two uses
         for module in self.modules():
             if isinstance(module, nn.Linear | nn.Embedding):
-                nn.init.normal_(module.weight, std=0.02)
+                nn.init.normal_(module.weight, std=config.init_std)
+        residual_std = config.init_std / (2 * config.n_layer) ** 0.5
+        for block in self.blocks:
+            nn.init.normal_(block.attn.proj.weight, std=residual_std)
+            nn.init.normal_(block.mlp[2].weight, std=residual_std)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(idx.shape[1], device=idx.device)
@@ -216,10 +233,17 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of next-byte ``logits`` ``(batch, seq, vocab)`` against ``targets``
-    ``(batch, seq)`` (lesson 09)."""
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+#: The target id that no loss counts (padding past a document's end): cross-entropy's default.
+IGNORE = -100
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of next-byte ``logits`` ``(batch, seq, vocab)`` against ``targets``
+    ``(batch, seq)``, targets equal to :data:`IGNORE` left out: their mean (or ``"sum"``) over
+    the counted targets (lesson 09)."""
+    return F.cross_entropy(
+        logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction=reduction
+    )
 
 
 def count_parameters(model: nn.Module) -> int:

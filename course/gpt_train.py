@@ -1,22 +1,26 @@
 """The lesson's GPT training as a script: DDP, mixed precision, accumulation, resume (lesson 09).
 
-Run it with ``torchrun``, one process per GPU (``nccl``) or several CPU processes (``gloo``)::
+The loop is plumbing; the step and the checkpoint are the learner's (lesson 09's exercise
+``distributed_step``): the script imports ``distributed_step``, ``save_checkpoint`` and
+``load_checkpoint`` from the Python file given with ``--functions``. Run it with ``torchrun``,
+one process per GPU (``nccl``) or several CPU processes (``gloo``)::
 
-    torchrun --standalone --nproc-per-node 2 -m course.gpt_train --steps 20 --dtype bf16
-    torchrun --standalone --nproc-per-node 8 -m course.gpt_train --size gpu --steps 2000 \\
-        --checkpoint run.pt --save-every 100            # and again with --resume after a crash
+    torchrun --standalone --nproc-per-node 2 -m course.gpt_train --functions step.py --steps 20
+    torchrun --standalone --nproc-per-node 8 -m course.gpt_train --functions step.py \\
+        --size gpu --steps 2000 --checkpoint run.pt --save-every 100   # again with --resume
     torchrun --nnodes 2 --node-rank R --nproc-per-node 8 --rdzv-backend c10d \\
-        --rdzv-endpoint HOST:29500 --rdzv-id JOB -m course.gpt_train --size gpu ...
+        --rdzv-endpoint HOST:29500 --rdzv-id JOB -m course.gpt_train --functions step.py ...
 
-(``python -m course.gpt_train`` alone trains in one process.) Each optimizer step accumulates
-``--accum`` micro-batches of ``--batch-size`` sequences per rank, all-reducing the gradients only
-after the last (``no_sync()`` before). ``--dtype fp16`` uses a ``GradScaler``, ``bf16`` none.
+(``python -m course.gpt_train`` alone trains in one process.) Each optimizer step hands
+``--accum`` micro-batches of ``--batch-size`` windows per rank to ``distributed_step``. The windows
+are pieces of documents of different lengths: the targets past each one's end are
+:data:`course.gpt.IGNORE`, so the ranks count different numbers of tokens. The learning rate
+warms up for ``--warmup`` steps, then decays linearly to a tenth (:func:`lr_schedule`).
 
-A checkpoint holds everything a run needs to continue exactly where it stopped: the model, the
-optimizer and the scaler, every rank's RNG state, the step and the data position (how many
-micro-batches each rank has consumed). Each micro-batch is drawn from a generator seeded by
-(seed, rank, position), so a resumed run reads exactly the batches the uninterrupted run would
-have read, and ends bit-identical to it.
+Each rank keeps its own checkpoint file (``PATH.rank0``, ``PATH.rank1``, ...), written by the
+learner's ``save_checkpoint`` with the data position (how many micro-batches the rank has
+consumed); each micro-batch is drawn from a generator seeded by (seed, rank, position), so a
+resumed run reads exactly the batches the uninterrupted run would have read.
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import importlib.util
 import json
-import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -34,10 +39,26 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course.gpt import CONFIGS, GPT, GPTConfig, lm_loss, stdlib_corpus, val_batch
-from course.launch import exit_script, init_torchrun, under_torchrun
+from course.gpt import CONFIGS, GPT, IGNORE, GPTConfig, lm_loss, stdlib_corpus, val_batch
+from course.launch import count_ddp_allreduces, exit_script, init_torchrun, under_torchrun
 
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+#: The imports the file given with ``--functions`` starts with when lesson 09's notebook writes
+#: the learner's three functions into it (their source follows).
+FUNCTIONS_HEADER = """import contextlib
+import math
+
+import torch
+import torch.distributed as dist
+from torch.nn import functional as F
+
+from course.gpt import IGNORE, lm_loss
+"""
+
+#: The learner's functions, in this order: ``distributed_step``, ``save_checkpoint``,
+#: ``load_checkpoint`` (lesson 09's exercise).
+Functions = tuple[Callable, Callable, Callable]
 
 
 @dataclass(frozen=True)
@@ -45,7 +66,12 @@ class RunSpec:
     """One training run of :func:`train` (lesson 09). ``batch_size`` is per rank and
     micro-batch; a checkpoint is saved every ``save_every`` steps and after each step in
     ``save_at``; ``stop_after`` ends the run early after that step (an interruption, for
-    testing resume); ``corpus_bytes`` is how much of the standard library it reads."""
+    testing resume); ``corpus_bytes`` is how much of the standard library it reads;
+    ``init_scale`` is the GradScaler's first scale (a large one makes the first float16 steps
+    overflow and be skipped); ``text`` is ``"stdlib"`` (the standard library's source) or
+    ``"random"`` (``corpus_bytes`` uniform random bytes, quick to make: the grader's choice);
+    ``evaluate`` measures the validation loss at the end; ``keep_state`` returns the final
+    weights."""
 
     config: GPTConfig = CONFIGS["cpu"]
     steps: int = 20
@@ -53,6 +79,9 @@ class RunSpec:
     accum: int = 2
     dtype: str = "bf16"
     lr: float = 1e-3
+    warmup: int = 2
+    max_grad_norm: float = 1.0
+    init_scale: float = 2.0**16
     seed: int = 0
     checkpoint: str = ""
     save_every: int = 0
@@ -60,31 +89,51 @@ class RunSpec:
     resume: bool = False
     stop_after: int = 0
     corpus_bytes: int = 1_000_000
+    text: str = "stdlib"
+    evaluate: bool = True
+    keep_state: bool = False
 
 
 def micro_batch(
     tokens: torch.Tensor, spec: RunSpec, rank: int, position: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank ``rank``'s micro-batch number ``position``: random windows of ``tokens`` from a
-    generator seeded by (seed, rank, position), so any position can be read again (lesson 09)."""
+    generator seeded by (seed, rank, position), so any position can be read again; each window
+    is a document of random length (a quarter of the block to all of it), its targets past the
+    end :data:`~course.gpt.IGNORE` (lesson 09)."""
     block = spec.config.block_size
     gen = torch.Generator().manual_seed((spec.seed * 1_000_003 + position) * 1_009 + rank)
     starts = torch.randint(0, len(tokens) - block, (spec.batch_size,), generator=gen)
+    lengths = torch.randint(max(1, block // 4), block + 1, (spec.batch_size, 1), generator=gen)
     windows = tokens[starts[:, None] + torch.arange(block + 1)].long()
-    return windows[:, :-1].to(device), windows[:, 1:].to(device)
+    targets = windows[:, 1:].masked_fill(torch.arange(block) >= lengths, IGNORE)
+    return windows[:, :-1].to(device), targets.to(device)
 
 
-def _rng_state(device: torch.device) -> dict:
-    state = {"cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
+class WarmupDecay:
+    """The LR factor at scheduler step ``s``: linear warm-up over ``warmup`` steps, then linear
+    decay to a tenth at ``total`` (a class, not a lambda, so that it pickles)."""
+
+    def __init__(self, warmup: int, total: int) -> None:
+        self.warmup, self.total = warmup, total
+
+    def __call__(self, s: int) -> float:
+        if s < self.warmup:
+            return (s + 1) / self.warmup
+        done = (s - self.warmup) / max(1, self.total - self.warmup)
+        return max(0.1, 1.0 - 0.9 * done)
 
 
-def _set_rng_state(state: dict, device: torch.device) -> None:
-    torch.set_rng_state(state["cpu"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
+def lr_schedule(
+    optimizer: torch.optim.Optimizer, warmup: int, total: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """The run's LR schedule: :class:`WarmupDecay` as a ``LambdaLR`` (lesson 09)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupDecay(warmup, total))
+
+
+def checkpoint_path(checkpoint: str, rank: int) -> Path:
+    """Rank ``rank``'s checkpoint file for the run's ``--checkpoint`` (``PATH.rank<r>``)."""
+    return Path(f"{checkpoint}.rank{rank}")
 
 
 def digest(model: torch.nn.Module) -> str:
@@ -96,133 +145,157 @@ def digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def train(spec: RunSpec, device: torch.device) -> dict:
-    """Train as this rank of the default process group (or alone, if there is none) (lesson 09).
+def corpus(spec: RunSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """The run's train and validation text: the standard library (its files shuffled with seed
+    0), or random bytes (a generator seeded with 0; a tenth of them for validation)."""
+    if spec.text == "random":
+        gen = torch.Generator().manual_seed(0)
+        data = torch.randint(0, 256, (spec.corpus_bytes,), generator=gen, dtype=torch.uint8)
+        cut = spec.corpus_bytes // 10
+        return data[cut:], data[:cut]
+    if spec.text != "stdlib":
+        raise ValueError(f"text must be 'stdlib' or 'random', got {spec.text!r}")
+    return stdlib_corpus(max_bytes=spec.corpus_bytes, seed=0)
 
-    Returns the per-step training losses (mean over ranks) of the steps this call ran, the step
-    it started from, the validation loss at the end, the weights' :func:`digest` and timing.
+
+def graded_spec(seed: int, checkpoint: str = "") -> RunSpec:
+    """The run lesson 09's hidden test of ``distributed_step`` launches on 2 gloo ranks, from
+    its seed (the grader rebuilds it from the same seed): float16 with a
+    first scale so large that the first steps overflow and are skipped, dropout (so the RNG
+    state matters), documents of different lengths (so the ranks count different tokens)."""
+    gen = torch.Generator().manual_seed(seed)
+    v = torch.randint(0, 10**6, (5,), generator=gen).tolist()
+    heads = 1 + v[0] % 2
+    cfg = GPTConfig(
+        vocab_size=256,
+        block_size=8 + v[1] % 9,
+        n_layer=1,
+        n_head=heads,
+        d_model=heads * (8 + v[2] % 9),
+        d_ff=32,
+        dropout=0.1,
+    )
+    return RunSpec(
+        config=cfg,
+        steps=6,
+        batch_size=2,
+        accum=2 + v[3] % 2,
+        dtype="fp16",
+        lr=3e-3,
+        warmup=3,
+        max_grad_norm=0.2,
+        init_scale=2.0**20,
+        seed=v[4],
+        checkpoint=checkpoint,
+        save_at=(3,),
+        corpus_bytes=20_000,
+        text="random",
+        evaluate=False,
+        keep_state=True,
+    )
+
+
+def train(spec: RunSpec, device: torch.device, functions: Functions) -> dict:
+    """Train as this rank of the default process group (or alone, if there is none), with the
+    learner's ``distributed_step`` and checkpoint functions (lesson 09).
+
+    Returns, for the steps this call ran: the step it started from, per step the training loss
+    ``distributed_step`` returned, whether the optimizer stepped, the learning rate and the
+    loss scale in effect, the DDP gradient all-reduces made; then the validation loss at the
+    end, the weights' :func:`digest` (and the weights with ``keep_state``) and timing.
     """
+    step_fn, save_fn, load_fn = functions
     distributed = dist.is_available() and dist.is_initialized()
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
     amp_dtype = DTYPES[spec.dtype]
-    train_tokens, val_tokens = stdlib_corpus(max_bytes=spec.corpus_bytes, seed=spec.seed)
+    train_tokens, val_tokens = corpus(spec)
     torch.manual_seed(spec.seed)  # the same initial weights on every rank
     model = GPT(spec.config).to(device)
-    net: torch.nn.Module = model
-    if distributed:
-        net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr)
-    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
-    start, position = 0, 0
-    ckpt = Path(spec.checkpoint) if spec.checkpoint else None
-    if spec.resume and ckpt is not None and ckpt.exists():
-        start, position = resume_checkpoint(ckpt, model, optimizer, scaler, rank, device)
-    losses: list[float] = []
-    begin = time.perf_counter()
-    for step in range(start, spec.steps):
-        total = torch.zeros((), device=device)
-        for micro in range(spec.accum):
-            x, y = micro_batch(train_tokens, spec, rank, position, device)
-            position += 1
-            last = micro == spec.accum - 1
-            sync = contextlib.nullcontext() if last or not distributed else net.no_sync()
-            with sync:
-                with torch.autocast(
-                    device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None
-                ):
-                    loss = lm_loss(net(x), y) / spec.accum
-                scaler.scale(loss).backward()
-            total += loss.detach().float()
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+    with count_ddp_allreduces() if distributed else contextlib.nullcontext() as count:
+        net: torch.nn.Module = model
         if distributed:
-            dist.all_reduce(total)
-        losses.append(total.item() / world)
-        done = step + 1
-        periodic = spec.save_every and done % spec.save_every == 0
-        if ckpt is not None and (periodic or done in spec.save_at):
-            save_checkpoint(ckpt, model, optimizer, scaler, done, position, device, distributed)
-        if spec.stop_after and done >= spec.stop_after:
-            break
-    seconds = time.perf_counter() - begin
-    model.eval()
-    with (
-        torch.no_grad(),
-        torch.autocast(
-            device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None
-        ),
-    ):
-        xv, yv = val_batch(val_tokens, spec.config.block_size, device=device)
-        val_loss = lm_loss(model(xv), yv).item()
-    tokens = len(losses) * spec.accum * spec.batch_size * spec.config.block_size * world
-    return {
+            net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr)
+        scaler = torch.amp.GradScaler(
+            device.type, init_scale=spec.init_scale, enabled=amp_dtype == torch.float16
+        )
+        scheduler = lr_schedule(optimizer, spec.warmup, spec.steps)
+        position = 0
+        ckpt = checkpoint_path(spec.checkpoint, rank) if spec.checkpoint else None
+        if spec.resume and ckpt is not None and ckpt.exists():
+            position = load_fn(ckpt, model, optimizer, scaler, scheduler)
+        start = position // spec.accum
+        record: dict[str, list] = {k: [] for k in ("losses", "stepped", "lrs", "scales")}
+        record["allreduces"] = []
+        begin = time.perf_counter()
+        for step in range(start, spec.steps):
+            micro = [
+                micro_batch(train_tokens, spec, rank, position + i, device)
+                for i in range(spec.accum)
+            ]
+            record["lrs"].append(optimizer.param_groups[0]["lr"])
+            record["scales"].append(scaler.get_scale() if scaler.is_enabled() else 1.0)
+            calls = count.calls if count is not None else 0
+            loss, stepped = step_fn(
+                net, optimizer, scaler, scheduler, micro, amp_dtype, spec.max_grad_norm
+            )
+            record["allreduces"].append((count.calls if count is not None else 0) - calls)
+            record["losses"].append(float(loss))
+            record["stepped"].append(bool(stepped))
+            position += spec.accum
+            done = step + 1
+            periodic = spec.save_every and done % spec.save_every == 0
+            if ckpt is not None and (periodic or done in spec.save_at):
+                save_fn(ckpt, model, optimizer, scaler, scheduler, position)
+            if spec.stop_after and done >= spec.stop_after:
+                break
+        seconds = time.perf_counter() - begin
+    val_loss = float("nan")
+    if spec.evaluate:
+        model.eval()
+        with torch.no_grad(), torch.autocast(device.type, dtype=amp_dtype):
+            xv, yv = val_batch(val_tokens, spec.config.block_size, device=device)
+            val_loss = lm_loss(model(xv), yv).item()
+        model.train()
+    steps_run = len(record["losses"])
+    tokens = steps_run * spec.accum * spec.batch_size * spec.config.block_size * world
+    out = {
         "rank": rank,
         "world_size": world,
         "start_step": start,
-        "losses": losses,
+        **record,
         "val_loss": val_loss,
         "digest": digest(model),
         "seconds": seconds,
         "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
         "scale": scaler.get_scale() if scaler.is_enabled() else None,
     }
+    if spec.keep_state:
+        out["state"] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    return out
 
 
-def resume_checkpoint(
-    path: Path,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    rank: int,
-    device: torch.device,
-) -> tuple[int, int]:
-    """Restore what :func:`save_checkpoint` wrote; returns (step, data position) (lesson 09).
-
-    The file is loaded onto the CPU, never onto ``device``: every generator state, CUDA's
-    included, must be a CPU ByteTensor (``torch.set_rng_state`` and ``torch.cuda.set_rng_state``
-    refuse one on a GPU). ``load_state_dict`` then copies weights and optimizer state to the
-    device the model lives on.
-    """
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scaler.load_state_dict(state["scaler"])
-    _set_rng_state(state["rng"][rank], device)
-    return state["step"], state["data_position"]
+def train_rank(rank: int, world_size: int, spec: RunSpec, functions: Functions) -> dict:
+    """:func:`train` on the CPU as one rank of :func:`course.launch.launch` (lesson 09's
+    grader and notebook run the learner's functions on 2 gloo ranks with it)."""
+    return train(spec, torch.device("cpu"), functions)
 
 
-def save_checkpoint(
-    path: Path,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    step: int,
-    position: int,
-    device: torch.device,
-    distributed: bool,
-) -> None:
-    """Write the run's state to ``path`` from rank 0, every rank's RNG state included; written
-    to a temporary file and renamed, so a crash mid-write never leaves a torn checkpoint."""
-    rngs = [_rng_state(device)]
-    if distributed:
-        rngs = [None] * dist.get_world_size()
-        dist.all_gather_object(rngs, _rng_state(device))
-    if not distributed or dist.get_rank() == 0:
-        state = {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scaler": scaler.state_dict(),
-            "rng": rngs,
-            "step": step,
-            "data_position": position,
-        }
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    if distributed:
-        dist.barrier()
+def load_functions(path: str | Path) -> Functions:
+    """``distributed_step``, ``save_checkpoint`` and ``load_checkpoint`` from the Python file
+    ``path`` (the learner's, written out by lesson 09's notebook)."""
+    where = Path(path)
+    module_spec = importlib.util.spec_from_file_location(f"_steps_{where.stem}", where)
+    if module_spec is None or module_spec.loader is None:
+        raise ValueError(f"cannot import {where}")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    names = ("distributed_step", "save_checkpoint", "load_checkpoint")
+    missing = [n for n in names if not hasattr(module, n)]
+    if missing:
+        raise ValueError(f"{where} does not define {', '.join(missing)}")
+    return tuple(getattr(module, n) for n in names)  # type: ignore[return-value]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -237,7 +310,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=8, help="sequences per rank per micro-batch")
     p.add_argument("--accum", type=int, default=2, help="micro-batches per optimizer step (2)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="autocast dtype")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (1e-3)")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW peak learning rate (1e-3)")
+    p.add_argument("--warmup", type=int, default=2, help="LR warm-up steps (2)")
+    p.add_argument("--max-grad-norm", type=float, default=1.0, help="clip to this norm (1.0)")
+    p.add_argument("--dropout", type=float, default=0.0, help="dropout probability (0)")
+    p.add_argument(
+        "--functions",
+        required=True,
+        help="Python file defining distributed_step, save_checkpoint and load_checkpoint",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", default="", help="checkpoint file to save to / resume from")
     p.add_argument("--save-every", type=int, default=0, help="save every N steps (0: never)")
@@ -264,6 +345,8 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
     }
     if "d_model" in overrides:
         overrides["d_ff"] = 4 * overrides["d_model"]
+    if args.dropout:
+        overrides["dropout"] = args.dropout
     return RunSpec(
         config=replace(config, **overrides),
         steps=args.steps,
@@ -271,6 +354,8 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
         accum=args.accum,
         dtype=args.dtype,
         lr=args.lr,
+        warmup=args.warmup,
+        max_grad_norm=args.max_grad_norm,
         seed=args.seed,
         checkpoint=args.checkpoint,
         save_every=args.save_every,
@@ -294,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         device = torch.device("cpu")
     try:
-        result = train(spec, device)
+        result = train(spec, device, load_functions(args.functions))
         if result["rank"] == 0:
             backend = dist.get_backend() if distributed else "none"
             print(
@@ -305,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"config: {asdict(spec.config)}")
             shown = ", ".join(f"{v:.4f}" for v in result["losses"])
             print(f"training loss per step: {shown}")
+            skipped = result["stepped"].count(False)
+            print(f"steps skipped by the scaler: {skipped}; last lr {result['lrs'][-1]:.2e}")
             print(
                 f"validation loss {result['val_loss']:.4f}; {result['tokens_per_s']:,.0f} tokens/s"
                 f"; weights sha256 {result['digest'][:16]}"

@@ -10,7 +10,8 @@ def train_compare(model_fn, data, steps, device_type, amp_dtype, seed, lr=1e-3, 
     out = {}
 """
 
-# One run; SEED_HERE, SCALER_ON, TRAIN_AUTOCAST, EVAL_TOKENS are replaced per variant.
+# One run; SEED_HERE, SCALER_ON, TRAIN_AUTOCAST, EVAL_TOKENS, EVAL_WINDOWS are replaced per
+# variant.
 _COMPARE_RUN = """
         SEED_HERE
         model = model_fn().to(dev)
@@ -28,7 +29,7 @@ _COMPARE_RUN = """
             scaler.step(optimizer)
             scaler.update()
             losses.append(loss.item())
-        xv, yv = val_batch(EVAL_TOKENS, block, device=dev)
+        xv, yv = val_batch(EVAL_TOKENS, block, max_windows=EVAL_WINDOWS, device=dev)
         with torch.no_grad(), torch.autocast(device_type, dtype=amp_dtype, enabled=amp):
             out[f"{name}_val_loss"] = lm_loss(model(xv), yv).item()
         out[f"{name}_losses"] = losses
@@ -41,6 +42,7 @@ _RIGHT = {
     "SCALER_ON": "amp and amp_dtype == torch.float16",
     "TRAIN_AUTOCAST": "amp",
     "EVAL_TOKENS": "val_tokens",
+    "EVAL_WINDOWS": "None",
 }
 
 
@@ -58,6 +60,77 @@ def _compare(seed_once: bool = False, **changes: str) -> str:
         )
     return _COMPARE_HEAD + loop + run
 
+
+# The three functions of distributed_step as the solution writes them; variants change a line.
+STEP_SOLUTION = """
+def distributed_step(model, optimizer, scaler, scheduler, micro_batches, amp_dtype,
+                     max_grad_norm):
+    device = micro_batches[0][0].device
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    counts = torch.tensor(sum(int((y != IGNORE).sum()) for _, y in micro_batches),
+                          dtype=torch.float64)
+    total = torch.zeros((), dtype=torch.float64)
+    if world > 1:
+        dist.all_reduce(counts)
+    for i, (x, y) in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        sync = contextlib.nullcontext() if last or world == 1 else model.no_sync()
+        with sync:
+            with torch.autocast(device.type, dtype=amp_dtype):
+                loss_sum = lm_loss(model(x), y, reduction="sum")
+            # DDP averages the ranks' gradients: times the world size, over every rank's tokens
+            scaler.scale(loss_sum * (world / counts.item())).backward()
+        total += loss_sum.detach().double().cpu()
+    if world > 1:
+        dist.all_reduce(total)
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    scale = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    stepped = not scaler.is_enabled() or scaler.get_scale() >= scale
+    if stepped:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return (total / counts).item(), stepped
+
+
+def save_checkpoint(path, model, optimizer, scaler, scheduler, position):
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": {"cpu": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+        "position": position,
+    }
+    torch.save(state, path)
+
+
+def load_checkpoint(path, model, optimizer, scaler, scheduler):
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"]["cpu"])
+    if state["rng"]["cuda"]:
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+    return state["position"]
+"""
+
+
+def _step(old: str, new: str) -> str:
+    assert old in STEP_SOLUTION, old
+    return "\n" + STEP_SOLUTION.replace(old, new, 1)
+
+
+_NO_SYNC = "sync = contextlib.nullcontext() if last or world == 1 else model.no_sync()"
+_SCALED_BACKWARD = "scaler.scale(loss_sum * (world / counts.item())).backward()"
+_UNSCALE_CLIP = """    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+"""
 
 _FLOPS_HEAD = """
 def transformer_flops(config, tokens):
@@ -135,9 +208,110 @@ VARIANTS = {
     return 3 * tokens * (L * per_layer + 2 * d * config.vocab_size + 2 * d * t)
 """,
     ),
-    # Measures instead of deriving: the course's own FlopCounterMode count gives the right number,
-    # so only the hidden tests' refusal of FlopCounterMode tells it apart.
-    "flops_measured_with_the_course_counter": (
+    # Measures with torch's counter on the CPU itself: attention runs there in the CPU flash
+    # kernel, which FlopCounterMode does not list, so the count has no attention at all.
+    "flops_measured_on_the_cpu": (
+        "transformer_flops",
+        """
+from torch.utils.flop_counter import FlopCounterMode
+
+
+def transformer_flops(config, tokens):
+    net = GPT(config)
+    idx = torch.zeros(tokens // config.block_size, config.block_size, dtype=torch.long)
+    with FlopCounterMode(display=False) as counter:
+        lm_loss(net(idx), idx).backward()
+    return int(counter.get_total_flops())
+""",
+    ),
+    # backward() inside the autocast block: the same numbers on a CPU, against the recipe
+    # (autocast covers the forward pass and the loss; backward runs outside it).
+    "train_compare_backward_inside_autocast": (
+        "train_compare",
+        _compare().replace(
+            "                loss = lm_loss(model(x), y)\n"
+            "            optimizer.zero_grad()\n"
+            "            scaler.scale(loss).backward()\n",
+            "                loss = lm_loss(model(x), y)\n"
+            "                optimizer.zero_grad()\n"
+            "                scaler.scale(loss).backward()\n",
+        ),
+    ),
+    # Evaluates on val_batch's default 64 windows, not the whole held-out text.
+    "train_compare_evaluates_64_windows": ("train_compare", _compare(EVAL_WINDOWS="64")),
+    # All-reduces after every micro-batch (no no_sync): the same gradients, accum times the
+    # communication.
+    "step_without_no_sync": (
+        "distributed_step",
+        _step(_NO_SYNC, "sync = contextlib.nullcontext()"),
+    ),
+    # no_sync() on every micro-batch, the last included: the gradients are never all-reduced.
+    "step_no_sync_on_every_micro_batch": (
+        "distributed_step",
+        _step(_NO_SYNC, "sync = model.no_sync() if world > 1 else contextlib.nullcontext()"),
+    ),
+    # Divides by this rank's own token count: the ranks' tokens weigh differently.
+    "step_loss_over_local_tokens": (
+        "distributed_step",
+        _step(_SCALED_BACKWARD, "scaler.scale(loss_sum / local).backward()").replace(
+            "    if world > 1:\n        dist.all_reduce(counts)\n",
+            "    local = counts.item()\n    if world > 1:\n        dist.all_reduce(counts)\n",
+            1,
+        ),
+    ),
+    # Clips the scaled gradients, then unscales: the clip threshold meets gradients scale times
+    # too large, and the step gets gradients clipped far below max_grad_norm.
+    "step_clips_before_unscale": (
+        "distributed_step",
+        _step(
+            _UNSCALE_CLIP,
+            """    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    scaler.unscale_(optimizer)
+""",
+        ),
+    ),
+    # Steps the schedule on every step, skipped ones included.
+    "step_schedule_on_skipped_steps": (
+        "distributed_step",
+        _step("    if stepped:\n        scheduler.step()\n", "    scheduler.step()\n"),
+    ),
+    # Saves no RNG state: a resumed run draws other dropout masks.
+    "step_checkpoint_without_rng": (
+        "distributed_step",
+        _step('    torch.set_rng_state(state["rng"]["cpu"])\n', ""),
+    ),
+    # Loses the data position: a resumed run starts again at step 0.
+    "step_checkpoint_loses_data_position": (
+        "distributed_step",
+        _step('    return state["position"]\n', "    return 0\n"),
+    ),
+    # Saves no scheduler state: a resumed run restarts the warm-up.
+    "step_checkpoint_without_scheduler": (
+        "distributed_step",
+        _step('    scheduler.load_state_dict(state["scheduler"])\n', ""),
+    ),
+}
+
+VALID = {
+    # The loss as the micro-batch's mean, weighted by its share of all the ranks' tokens; the
+    # checkpoint written to a temporary file and renamed (a crash never leaves half a file).
+    "step_mean_loss_weighted_and_atomic_checkpoint": (
+        "distributed_step",
+        _step(
+            _SCALED_BACKWARD,
+            "n_here = int((y != IGNORE).sum())\n"
+            "            mean = loss_sum / max(n_here, 1)\n"
+            "            scaler.scale(mean * (n_here * world / counts.item())).backward()",
+        ).replace(
+            "    torch.save(state, path)\n",
+            "    tmp = str(path) + '.tmp'\n    torch.save(state, tmp)\n"
+            "    __import__('os').replace(tmp, path)\n",
+            1,
+        ),
+    ),
+    # Measures a copy of the model on the meta device: there attention takes the math path
+    # (full-context matmuls), so torch's counter reproduces the convention exactly.
+    "flops_measured_on_meta": (
         "transformer_flops",
         """
 from course.benchmark import count_gpt_flops
@@ -147,9 +321,17 @@ def transformer_flops(config, tokens):
     return int(count_gpt_flops(config, tokens // config.block_size))
 """,
     ),
-}
-
-VALID = {
+    # The training loss as the mean of equal-length per-window means: the same per-token mean,
+    # its sum in another order (the loss differs in the last bits).
+    "train_compare_mean_of_window_means": (
+        "train_compare",
+        _compare().replace(
+            "                loss = lm_loss(model(x), y)\n",
+            "                logits = model(x)\n"
+            "                loss = torch.stack([lm_loss(logits[i : i + 1], y[i : i + 1])\n"
+            "                                    for i in range(len(y))]).mean()\n",
+        ),
+    ),
     # One helper per run, plain backward when the scaler is off, set_to_none spelled out, the
     # loss through F.cross_entropy directly: the same computation, written differently.
     "train_compare_helper_per_run": (
@@ -181,7 +363,7 @@ def train_compare(model_fn, data, steps, device_type, amp_dtype, seed, lr=1e-3, 
                 opt.step()
             losses.append(loss.item())
         model.eval()
-        xv, yv = val_batch(val_tokens, block, device=val_tokens.device)
+        xv, yv = val_batch(val_tokens, block, max_windows=None, device=val_tokens.device)
         with torch.no_grad():
             with torch.autocast(device_type, dtype=amp_dtype, enabled=amp):
                 val = float(lm_loss(model(xv), yv))
@@ -223,7 +405,8 @@ def train_compare(model_fn, data, steps, device_type, amp_dtype, seed, lr=1e-3, 
             scaler.update()
             history.append(loss.detach().item())
         model.eval()
-        inputs, targets = val_batch(val_tokens, model.config.block_size, device=device)
+        inputs, targets = val_batch(val_tokens, model.config.block_size, max_windows=None,
+                                    device=device)
         with torch.no_grad(), torch.amp.autocast(device_type, dtype=amp_dtype,
                                                  enabled=s["autocast"]):
             result[f"{name}_val_loss"] = lm_loss(model(inputs), targets).item()

@@ -1,0 +1,354 @@
+"""Lesson 09's judges: the references of its hidden tests and the comparisons.
+
+Each judge rebuilds the inputs its driver (the hidden part of the test cell in
+``solutions/09-capstone``) built from the same seed, in the same order, and reads the driver's
+observations in the order it made them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from course import gpt_train as T
+from course.checks import check, check_close, check_equal
+from course.gpt import GPT, IGNORE, GPTConfig, lm_loss, random_batches, val_batch
+from grader.observe import Observations
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Torch on one thread for the block: these references are tiny, and on a busy machine
+    its thread pool makes them many times slower (0.5 s against 5-19 s measured, 2 cores)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+#: GPT-2 small's sizes (124M parameters, a vocabulary of 50257), asked for two sequences.
+GPT2 = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, d_model=768, d_ff=3072)
+
+
+def _ref_flops(config: GPTConfig, tokens: int) -> int:
+    d, t = config.d_model, config.block_size
+    per_layer = 2 * (3 * d * d + d * d + 2 * d * config.d_ff) + 2 * (2 * t * d)
+    return 3 * tokens * (config.n_layer * per_layer + 2 * d * config.vocab_size)
+
+
+def flops_inputs(seed: int) -> list[tuple[GPTConfig, int]]:
+    """The (config, tokens) pairs the driver asks about, as it builds them."""
+    gen = torch.Generator().manual_seed(seed)
+    cases = []
+    for _ in range(6):
+        v = torch.randint(0, 10**6, (7,), generator=gen).tolist()
+        heads = 1 + v[0] % 4
+        cfg = GPTConfig(
+            vocab_size=16 + v[1] % 285,
+            block_size=2 + v[2] % 39,
+            n_layer=1 + v[3] % 4,
+            n_head=heads,
+            d_model=heads * (1 + v[4] % 24),
+            d_ff=1 + v[5] % 96,
+        )
+        cases.append((cfg, (1 + v[6] % 5) * cfg.block_size))
+    cases.append((GPT2, 2 * GPT2.block_size))
+    return cases
+
+
+def transformer_flops(obs: Observations) -> None:
+    """Random small configs and GPT-2 small's, each against the stated convention."""
+    for cfg, tokens in flops_inputs(obs.seed):
+        got = obs.next("flops")
+        check(
+            type(got) is int,
+            f"transformer_flops should return a Python int, got {type(got).__name__}",
+        )
+        check_equal(
+            got,
+            _ref_flops(cfg, tokens),
+            f"transformer_flops({cfg}, {tokens}) (hidden test seed {obs.seed})",
+        )
+
+
+#: Loss tolerance (nats): a valid reordering of the loss's sum (the mean of equal-length
+#: per-window means) moves a loss near 5.5 by 2.4e-6 at most; float16 without a GradScaler at the
+#: tiny initial weights below moves some loss by 1.4e-4 or more (both over 40 seeds).
+LOSS_ATOL = 1e-5
+INIT_STD = 1e-4
+LR = 1e-2
+
+
+def compare_inputs(seed: int) -> list[tuple[GPTConfig, tuple, tuple]]:
+    """(config, data, (steps, device_type, amp_dtype, seed, lr, batch_size)) per driver call."""
+    gen = torch.Generator().manual_seed(seed)
+    cases = []
+    for dtype in (torch.float16, torch.bfloat16):
+        v = torch.randint(0, 10**6, (8,), generator=gen).tolist()
+        heads = 1 + v[0] % 2
+        cfg = GPTConfig(
+            vocab_size=256,
+            block_size=8 + v[1] % 17,
+            n_layer=1 + v[2] % 2,
+            n_head=heads,
+            d_model=heads * (8 + v[3] % 9),
+            d_ff=16 + v[4] % 49,
+            init_std=INIT_STD,
+        )
+        data = (
+            torch.randint(0, 256, (20_000,), generator=gen, dtype=torch.uint8),
+            torch.randint(0, 256, (3_000,), generator=gen, dtype=torch.uint8),
+        )
+        cases.append((cfg, data, (3 + v[5] % 4, "cpu", dtype, v[6], LR, 2 + v[7] % 5)))
+    return cases
+
+
+def _ref_compare(cfg, data, steps, device_type, amp_dtype, seed, lr, batch_size) -> dict:
+    train, val = data
+    out: dict = {}
+    for name, amp in (("fp32", False), ("amp", True)):
+        torch.manual_seed(seed)
+        model = GPT(cfg)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr)
+        scaler = torch.amp.GradScaler(device_type, enabled=amp and amp_dtype == torch.float16)
+        batches = random_batches(train, batch_size, cfg.block_size, seed)
+        losses = []
+        for _ in range(steps):
+            x, y = next(batches)
+            with torch.autocast(device_type, dtype=amp_dtype, enabled=amp):
+                loss = lm_loss(model(x), y)
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            losses.append(loss.item())
+        xv, yv = val_batch(val, cfg.block_size, max_windows=None)
+        with torch.no_grad(), torch.autocast(device_type, dtype=amp_dtype, enabled=amp):
+            out[f"{name}_val_loss"] = lm_loss(model(xv), yv).item()
+        out[f"{name}_losses"] = losses
+    out["difference"] = out["amp_val_loss"] - out["fp32_val_loss"]
+    return out
+
+
+KEYS = {"fp32_val_loss", "amp_val_loss", "difference", "fp32_losses", "amp_losses"}
+
+
+def train_compare(obs: Observations) -> None:
+    """float16 (at weights so small that its gradients underflow without a scaler) and
+    bfloat16 runs on random sizes, against the reference at a tolerance a reordered sum
+    passes; the probes say where autocast was on."""
+    for cfg, data, args in compare_inputs(obs.seed):
+        steps, dtype = args[0], args[2]
+        where = (
+            f"(hidden test seed {obs.seed}, {dtype}, {cfg}, steps/seed/lr/batch "
+            f"{args[0]}/{args[3]}/{args[4]}/{args[5]})"
+        )
+        got = obs.next("result")
+        probes = obs.next("probes")
+        check(
+            type(got) is dict and set(got) == KEYS,
+            f"train_compare should return a dict with the keys {sorted(KEYS)} {where}",
+        )
+        check(
+            type(probes) is list and len(probes) == 2,
+            f"model_fn should be called once per run, twice in all {where}",
+        )
+        for probe, name, amp in ((probes[0], "fp32", False), (probes[1], "AMP", True)):
+            train_on = [a for g, a in zip(probe["grad"], probe["autocast"], strict=True) if g]
+            eval_on = [a for g, a in zip(probe["grad"], probe["autocast"], strict=True) if not g]
+            check(
+                train_on == [amp] * steps,
+                f"the {name} run should take {steps} training steps, each forward pass with "
+                f"autocast {'on' if amp else 'off'}; its forward passes with gradients had "
+                f"autocast {train_on} {where}",
+            )
+            check(
+                eval_on == [amp],
+                f"the {name} run should evaluate once, under torch.no_grad(), with autocast "
+                f"{'on' if amp else 'off'}; got {eval_on} {where}",
+            )
+            check(
+                probe["backward_autocast"] == [False] * steps,
+                f"the {name} run should call backward() once per step, outside autocast "
+                f"(the recipe: autocast covers the forward pass and the loss only); autocast "
+                f"was on at its backward passes: {probe['backward_autocast']} {where}",
+            )
+        with one_thread():
+            want = _ref_compare(cfg, data, *args)
+        for key in ("fp32_losses", "amp_losses"):
+            check(
+                type(got[key]) is list and len(got[key]) == steps,
+                f"result[{key!r}] should hold {steps} losses {where}",
+            )
+            check_close(
+                torch.tensor(got[key], dtype=torch.float64),
+                torch.tensor(want[key], dtype=torch.float64),
+                f"result[{key!r}] {where}",
+                rtol=0,
+                atol=LOSS_ATOL,
+            )
+        for key in ("fp32_val_loss", "amp_val_loss", "difference"):
+            check(type(got[key]) is float, f"result[{key!r}] should be a Python float {where}")
+            check_close(got[key], want[key], f"result[{key!r}] {where}", rtol=0, atol=LOSS_ATOL)
+        check_close(
+            got["difference"],
+            got["amp_val_loss"] - got["fp32_val_loss"],
+            f"result['difference'] should be amp_val_loss - fp32_val_loss {where}",
+            rtol=0,
+            atol=1e-6,
+        )
+
+
+WORLD = 2
+
+
+def reference_run(spec: T.RunSpec, world: int = WORLD) -> dict:
+    """The ranks' arithmetic in one process: each rank's micro-batches from the same RNG state
+    (every rank draws the same dropout masks), its loss summed and divided by the token count
+    of all ranks times the world size, the gradients accumulated per rank and averaged as DDP
+    does (each divided by the world size, then summed), ``unscale_``, clipping, the scaler's
+    step, the schedule stepped only when the optimizer stepped."""
+    train_tokens, _ = T.corpus(spec)
+    amp_dtype = T.DTYPES[spec.dtype]
+    torch.manual_seed(spec.seed)
+    model = GPT(spec.config)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=spec.lr)
+    scaler = torch.amp.GradScaler(
+        "cpu", init_scale=spec.init_scale, enabled=amp_dtype == torch.float16
+    )
+    sched = T.lr_schedule(opt, spec.warmup, spec.steps)
+    out: dict[str, list] = {k: [] for k in ("losses", "stepped", "lrs", "scales")}
+    for step in range(spec.steps):
+        micro = [
+            [
+                T.micro_batch(train_tokens, spec, r, step * spec.accum + i, "cpu")
+                for i in range(spec.accum)
+            ]
+            for r in range(world)
+        ]
+        n = sum(int((y != IGNORE).sum()) for batches in micro for _, y in batches)
+        out["lrs"].append(opt.param_groups[0]["lr"])
+        out["scales"].append(scaler.get_scale() if scaler.is_enabled() else 1.0)
+        rng = torch.get_rng_state()
+        grads, totals = [], []
+        for r in range(world):
+            torch.set_rng_state(rng)
+            for q in params:
+                q.grad = None
+            total = torch.zeros((), dtype=torch.float64)
+            for x, y in micro[r]:
+                with torch.autocast("cpu", dtype=amp_dtype):
+                    loss_sum = lm_loss(model(x), y, reduction="sum")
+                scaler.scale(loss_sum * (world / n)).backward()
+                total += loss_sum.detach().double()
+            grads.append([q.grad.clone() for q in params])
+            totals.append(total)
+        for i, q in enumerate(params):
+            acc = grads[0][i] / world
+            for g in grads[1:]:
+                acc = acc + g[i] / world
+            q.grad = acc
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm)
+        before = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        stepped = not scaler.is_enabled() or scaler.get_scale() >= before
+        if stepped:
+            sched.step()
+        opt.zero_grad(set_to_none=True)
+        out["losses"].append((sum(totals) / n).item())
+        out["stepped"].append(stepped)
+    out["state"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return out
+
+
+#: Weights against the reference: a correct step differs from it by a rounding or two at most
+#: (another order of the loss's sum); a wrong one by a part of an update (lr 3e-3).
+WEIGHT_ATOL = 2e-6
+
+
+def _rank_checks(got: object, world: int, what: str) -> list[dict]:
+    check(
+        type(got) is list and len(got) == world and all(type(r) is dict for r in got),
+        f"the launcher should return one result per rank ({what})",
+    )
+    return got  # type: ignore[return-value]
+
+
+def distributed_step(obs: Observations) -> None:
+    """An unbroken run with a checkpoint at step 3 and a run resumed from it, on 2 gloo ranks,
+    against the single-process reference and against each other."""
+    spec = T.graded_spec(obs.seed)
+    where = f"(hidden test seed {obs.seed}; {spec.config}, accum {spec.accum}, float16)"
+    unbroken = _rank_checks(obs.next("unbroken"), WORLD, "the unbroken run")
+    resumed = _rank_checks(obs.next("resumed"), WORLD, "the resumed run")
+    with one_thread():
+        want = reference_run(spec)
+    k = spec.save_at[0]
+    for r, got in enumerate(unbroken):
+        calls = got["allreduces"]
+        check(
+            calls == [1] * spec.steps,
+            f"rank {r}: DDP all-reduces the gradients once per optimizer step (its one bucket, "
+            f"after the last micro-batch's backward; no_sync() on the others); per step it "
+            f"made {calls} {where}",
+        )
+        check(
+            got["stepped"] == want["stepped"],
+            f"rank {r}: whether each step's optimizer stepped should be {want['stepped']} "
+            f"(the first scale overflows float16), got {got['stepped']} {where}",
+        )
+        check(
+            got["lrs"] == want["lrs"],
+            f"rank {r}: the learning rate at each step should be {want['lrs']} (the schedule "
+            f"steps only when the optimizer did), got {got['lrs']} {where}",
+        )
+        check_close(
+            torch.tensor(got["losses"], dtype=torch.float64),
+            torch.tensor(want["losses"], dtype=torch.float64),
+            f"rank {r}: the returned losses (the mean over every rank's counted tokens) {where}",
+            rtol=1e-6,
+            atol=0,
+        )
+        for name, value in want["state"].items():
+            check_close(
+                got["state"][name],
+                value,
+                f"rank {r}: {name} after {spec.steps} steps, against the single-process "
+                f"reference {where}",
+                rtol=0,
+                atol=WEIGHT_ATOL,
+            )
+    for r, (a, b) in enumerate(zip(unbroken, resumed, strict=True)):
+        check(
+            b["start_step"] == k,
+            f"rank {r}: resumed from the checkpoint saved after step {k}, the run should "
+            f"continue at step {k} (load_checkpoint returns the data position, "
+            f"{k} * accum micro-batches); it started at {b['start_step']} {where}",
+        )
+        for key in ("losses", "stepped", "lrs", "scales"):
+            check(
+                b[key] == a[key][k:],
+                f"rank {r}: the resumed run's {key} should equal the unbroken run's from step "
+                f"{k} on, bit for bit: {a[key][k:]}, got {b[key]} {where}",
+            )
+        for name, value in a["state"].items():
+            check(
+                torch.equal(b["state"][name], value),
+                f"rank {r}: {name} of the resumed run should equal the unbroken run's bit for "
+                f"bit (model, optimizer, scaler, scheduler, RNG state and data position all "
+                f"restored) {where}",
+            )
+
+
+JUDGES = {
+    "transformer_flops_tests": ("transformer_flops", transformer_flops),
+    "train_compare_tests": ("train_compare", train_compare),
+    "distributed_step_tests": ("distributed_step", distributed_step),
+}
