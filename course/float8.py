@@ -1,9 +1,10 @@
-"""Float8 formats, real tensors to quantize, the 2-rank amax experiment and GPU checks (lesson 08).
+"""Float8 formats, real tensors to quantize, and GPU checks (lesson 08).
 
 The graded exercises (per-tensor and row-wise current scaling, the ``DelayedScaling`` scaler and
-MX block quantization) are left to the student; the helpers here collect the tensors those
-exercises quantize, replay a quantizer over a stream of tensors, run the data-parallel scale
-experiment in real processes, and time float8 matrix multiplies where the GPU has them.
+MX block quantization) are left to the student, and so is the recipe code the lesson runs on the
+page (the 2-rank amax all-reduce, torchao's float8 conversion); the helpers here collect the
+tensors those exercises quantize, replay a quantizer over a stream of tensors, import torchao
+quietly, and time float8 matrix multiplies where the GPU has them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from collections.abc import Callable, Sequence
 
 import ipywidgets as W
 import torch
-import torch.distributed as dist
 from IPython.display import display
 from torch import nn
 from torch.nn import functional as F
@@ -252,38 +252,6 @@ def tensor_kind(name: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Two ranks, one scale
-
-
-def shard_gather_worker(
-    rank: int, world_size: int, tensor: torch.Tensor, fmt: torch.dtype, sync_amax: bool
-) -> dict:
-    """One rank of the float8 all-gather experiment (lesson 08), run by ``course.launch.launch``.
-
-    Each rank holds its shard (a slice of the rows) of ``tensor``, as FSDP does with a weight,
-    quantizes it to ``fmt`` with a per-tensor scale ``fmax / amax`` (saturating), and all-gathers
-    the float8 bytes, so the full tensor travels in 8 bits. The gathered tensor is one float8
-    tensor with one scale: each rank dequantizes it with the scale it knows, its own. With
-    ``sync_amax`` the ranks first all-reduce their amax (MAX), so every rank uses the same scale.
-    Returns this rank's ``scale``, its shard's ``local_amax`` and the ``gathered`` tensor after
-    dequantizing (float32).
-    """
-    shard = tensor.chunk(world_size)[rank].float()
-    amax = shard.abs().max().reshape(1)
-    local_amax = float(amax)
-    if sync_amax:
-        dist.all_reduce(amax, op=dist.ReduceOp.MAX)
-    fmax = fp8_max(fmt)
-    scale = fmax / amax if float(amax) > 0 else torch.ones(1)
-    q = (shard * scale).clamp(-fmax, fmax).to(fmt)
-    # gloo moves bytes: send the float8 payload as uint8 and reinterpret it on arrival.
-    pieces = [torch.empty_like(q.view(torch.uint8)) for _ in range(world_size)]
-    dist.all_gather(pieces, q.view(torch.uint8).contiguous())
-    gathered = torch.cat([p.view(fmt) for p in pieces]).float() / scale
-    return {"scale": float(scale), "local_amax": local_amax, "gathered": gathered}
-
-
-# --------------------------------------------------------------------------------------------
 # Float8 on the GPU
 
 
@@ -420,73 +388,6 @@ def torchao_status() -> tuple[object | None, str]:
     except Exception as exc:  # an incompatible build fails in many ways; say which
         return None, f"torchao is installed but does not import here: {type(exc).__name__}: {exc}"
     return torchao, f"torchao {torchao.__version__} beside torch {torch.__version__}"
-
-
-def _block_step(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    out = model(x)
-    out.float().pow(2).mean().backward()
-    return out
-
-
-def torchao_block_comparison(
-    device: torch.device | str,
-    dim: int = 2048,
-    heads: int = 16,
-    batch: int = 8,
-    seq: int = 1024,
-    min_run_time: float | None = 0.5,
-    compile: bool = False,
-) -> dict:
-    """A transformer block in bfloat16 against its torchao float8 conversion (lesson 08).
-
-    Builds one :class:`TransformerBlock` in bfloat16, converts a copy with torchao's
-    ``convert_to_float8_training`` (per-tensor current scaling, torchao's default), and runs a
-    forward and backward pass of each on the same input. Returns the converted module names
-    (``converted``), the relative difference of the outputs and of the ``qkv`` weight gradients
-    (``out_rel_diff``, ``grad_rel_diff``) and, timed with ``torch.utils.benchmark``, the median
-    seconds of a training step of each (``bf16_s``, ``fp8_s``). ``compile`` wraps both in
-    ``torch.compile`` first (torchao's float8 is meant to be compiled). With ``min_run_time=None``
-    nothing is timed (``bf16_s`` and ``fp8_s`` are None): the numerics alone, as on a CPU, whose
-    float8 matrix multiplies say nothing about float8 hardware. Raises ``RuntimeError`` when
-    torchao is missing.
-    """
-    import copy
-
-    from torch.utils.benchmark import Timer
-
-    torchao, line = torchao_status()
-    if torchao is None:
-        raise RuntimeError(line)
-    from torchao.float8 import convert_to_float8_training
-
-    device = torch.device(device)
-    torch.manual_seed(0)
-    ref = TransformerBlock(dim, heads).to(device=device, dtype=torch.bfloat16)
-    fp8 = copy.deepcopy(ref)
-    convert_to_float8_training(fp8)
-    converted = [n for n, m in fp8.named_modules() if type(m).__name__ == "Float8Linear"]
-    x = torch.randn(batch, seq, dim, device=device, dtype=torch.bfloat16)
-    outs, grads = [], []
-    for model in (ref, fp8):
-        model.zero_grad(set_to_none=True)
-        outs.append(_block_step(model, x).detach().float())
-        grads.append(model.qkv.weight.grad.detach().float())
-    result = {
-        "converted": converted,
-        "out_rel_diff": float((outs[1] - outs[0]).norm() / outs[0].norm()),
-        "grad_rel_diff": float((grads[1] - grads[0]).norm() / grads[0].norm()),
-        "compiled": compile,
-    }
-    for name, model in (("bf16_s", ref), ("fp8_s", fp8)):
-        if min_run_time is None:
-            result[name] = None
-            continue
-        run = torch.compile(model) if compile else model
-        for _ in range(3):  # warm up (and compile)
-            _block_step(run, x)
-        timer = Timer("step(run, x)", globals={"step": _block_step, "run": run, "x": x})
-        result[name] = timer.blocked_autorange(min_run_time=min_run_time).median
-    return result
 
 
 # --------------------------------------------------------------------------------------------

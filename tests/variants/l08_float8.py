@@ -382,6 +382,21 @@ def mx_quantize(x, block=32, fmt=torch.float8_e4m3fn):
 """
         + _MX_DEQUANTIZE,
     ),
+    # The float32 cap taken before the margin (min(fmax / amax, max) / 2**margin): with a
+    # history of float32 subnormals and a margin the scale falls 2**margin below float32's max.
+    "scaling_caps_before_margin": (
+        "fp8_scaler",
+        _SCALING_HEAD
+        + f"""
+    def quantize(self, x):
+        top = max(self.amax_history, default=0.0)
+        scale = min(self.fmax / top, {_CAP}) / 2.0**self.margin if top > 0 else 1.0
+        x_fp8 = (x.float() * scale).clamp(-self.fmax, self.fmax).to(self.fmt)
+        self.amax_history.append(float(x.detach().abs().max()))
+        del self.amax_history[: -self.history_len]
+        return x_fp8, scale
+""",
+    ),
 }
 
 VALID = {
@@ -524,5 +539,25 @@ def mx_dequantize(x_fp8, scale_exp, block=32):
     idx = torch.arange(n) // block
     return x_fp8.float() * torch.exp2(scale_exp.float()[..., idx])
 """,
+    ),
+    # floor(log2(amax)) from a float64 log2: exact for every float32 amax (the rounding that
+    # makes float32's torch.log2 say 8.0 just below 2**8 is float32's, not log2's).
+    "mx_log2_in_float64": (
+        "mx_block_quantize",
+        """
+def mx_quantize(x, block=32, fmt=torch.float8_e4m3fn):
+    n = x.shape[-1]
+    nblocks = -(-n // block)
+    blocks = torch.nn.functional.pad(x.float(), (0, nblocks * block - n)).unflatten(
+        -1, (nblocks, block))
+    amax = blocks.abs().amax(dim=-1)
+    floor_log2 = torch.log2(amax.double()).floor().nan_to_num(0.0, 0.0, 0.0).to(torch.int32)
+    scale_exp = torch.where(amax > 0, (floor_log2 - fp8_emax(fmt)).clamp(-127, 127), -127)
+    scale_exp = scale_exp.to(torch.int32)
+    fmax = torch.finfo(fmt).max
+    scaled = blocks * torch.exp2(-scale_exp.float()).unsqueeze(-1)
+    return scaled.clamp(-fmax, fmax).to(fmt).flatten(-2)[..., :n], scale_exp
+"""
+        + _MX_DEQUANTIZE,
     ),
 }
