@@ -312,3 +312,49 @@ def test_record_norm_calls_sees_what_each_normalization_computes_on():
         pass
     nn.LayerNorm(3)(torch.randn(2, 3))
     assert after == []  # nothing is recorded once the block has ended
+
+
+def test_norm_test_models_repeat_from_their_seed_and_run():
+    from course.normalization import (
+        NORM_TEST_KINDS,
+        NORM_TYPES,
+        Probe,
+        norm_layers_in,
+        norm_test_model,
+        own_tensors,
+        tensor_dtypes,
+    )
+
+    beyond = False
+    for kind in NORM_TEST_KINDS:
+        for sub in (False, True):
+            built = []
+            for _ in range(2):
+                gen = torch.Generator().manual_seed(7)
+                model, shape = norm_test_model(kind, sub, gen)
+                built.append((model, shape, int(torch.randint(0, 10**6, (), generator=gen))))
+            (a, shape, after_a), (b, _, after_b) = built
+            assert after_a == after_b
+            assert all(
+                torch.equal(s, t)
+                for s, t in zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+            )
+            out = a(torch.randn(shape))
+            assert out.dtype == torch.float32 and out.shape[0] == shape[0]
+            norms = norm_layers_in(a)
+            beyond |= any(
+                float(m.running_var.max()) > FP16_MAX
+                for m in norms
+                if getattr(m, "running_var", None) is not None
+            )
+            assert (kind == "no_norm") == (not norms)
+            assert all(isinstance(m, NORM_TYPES) for m in norms)
+            if sub and kind not in ("no_norm",):
+                assert any(type(m) not in NORM_TYPES for m in norms)
+            assert all(m.seen == [torch.float32] for m in a.modules() if isinstance(m, Probe))
+            table = tensor_dtypes(a)
+            assert [row[0] for row in table] == [name for name, _ in a.named_modules()]
+            assert sum(len(row[3]) for row in table) == sum(
+                len(own_tensors(m)) for m in a.modules()
+            )
+    assert beyond  # some running variances lie beyond float16's range
