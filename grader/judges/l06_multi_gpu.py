@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -98,9 +99,19 @@ def _ref_ranks(cfg: AmpDDPConfig, world_size: int) -> tuple[dict[str, torch.Tens
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, scales
 
 
+#: The settings the visible tests leave at their defaults, with the options the driver draws.
+VARIED = (
+    ("lr", [0.05, 0.1, 0.2]),
+    ("momentum", [0.0, 0.9]),
+    ("init_scale", [2.0**8, 2.0**9, 2.0**10]),
+    ("growth_interval", [2, 3]),
+)
+
+
 def ddp_configs(seed: int) -> list[AmpDDPConfig]:
     """The four hidden configurations of ``ddp_amp_worker``, drawn from ``seed`` as the driver
-    draws them (each choice one ``torch.randint`` over its options, in the driver's order)."""
+    draws them (each choice one ``torch.randint`` over its options, in the driver's order; a
+    setting drawn the same in all four takes its next option in the last)."""
     gen = torch.Generator().manual_seed(seed)
 
     def pick(options: list) -> Any:
@@ -131,6 +142,13 @@ def ddp_configs(seed: int) -> list[AmpDDPConfig]:
                 poison=poison,
             )
         )
+    # Each setting takes at least two values over the four runs, so a worker that ignores one
+    # (an optimizer or a scaler of its own, with fixed settings) cannot match all four.
+    for field, options in VARIED:
+        values = [getattr(c, field) for c in configs]
+        if len(set(values)) == 1:
+            other = options[(options.index(values[0]) + 1) % len(options)]
+            configs[-1] = replace(configs[-1], **{field: other})
     return configs
 
 

@@ -292,6 +292,74 @@ def sync_bn_stats(x, group=None):
     return mean, packed[c + 1:] / packed[0] - mean * mean
 """,
     ),
+    "ddp_sgd_without_momentum": (
+        "ddp_amp_worker",
+        """
+import contextlib
+
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def ddp_amp_worker(rank, world_size, config):
+    # Wrong: an optimizer of its own, SGD at config.lr without config.momentum. The visible tests
+    # compare the worker with itself (2 micro-batches against 1), so they cannot tell.
+    model = config.make_model()
+    ddp_model = DDP(model)
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=config.lr)
+    scaler = torch.amp.GradScaler(config.device_type, init_scale=config.init_scale,
+                                  growth_interval=config.growth_interval)
+    scales = []
+    for step in range(config.steps):
+        x, y = config.batch(step)
+        x, y = x.chunk(world_size)[rank], y.chunk(world_size)[rank]
+        micro = list(zip(x.chunk(config.accum_steps), y.chunk(config.accum_steps)))
+        for i, (xm, ym) in enumerate(micro):
+            with contextlib.nullcontext() if i == len(micro) - 1 else ddp_model.no_sync():
+                with torch.amp.autocast(config.device_type, dtype=config.amp_dtype,
+                                        enabled=config.amp_enabled):
+                    loss = config.loss_fn(ddp_model(xm), ym) / config.accum_steps
+                scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        scales.append(scaler.get_scale())
+    return {"state_dict": model.state_dict(), "scales": scales}
+""",
+    ),
+    "ddp_scaler_growth_interval_fixed": (
+        "ddp_amp_worker",
+        """
+import contextlib
+
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def ddp_amp_worker(rank, world_size, config):
+    # Wrong: the GradScaler grows every 2 steps whatever config.growth_interval says (2 is what
+    # the visible tests use).
+    model = config.make_model()
+    ddp_model = DDP(model)
+    optimizer = config.make_optimizer(ddp_model.parameters())
+    scaler = torch.amp.GradScaler(config.device_type, init_scale=config.init_scale,
+                                  growth_interval=2)
+    scales = []
+    for step in range(config.steps):
+        x, y = config.batch(step)
+        x, y = x.chunk(world_size)[rank], y.chunk(world_size)[rank]
+        micro = list(zip(x.chunk(config.accum_steps), y.chunk(config.accum_steps)))
+        for i, (xm, ym) in enumerate(micro):
+            with contextlib.nullcontext() if i == len(micro) - 1 else ddp_model.no_sync():
+                with torch.amp.autocast(config.device_type, dtype=config.amp_dtype,
+                                        enabled=config.amp_enabled):
+                    loss = config.loss_fn(ddp_model(xm), ym) / config.accum_steps
+                scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        scales.append(scaler.get_scale())
+    return {"state_dict": model.state_dict(), "scales": scales}
+""",
+    ),
 }
 
 VALID = {
