@@ -287,7 +287,10 @@ HINTS = {
 #: did; about 59% of draws do, so 24 hold one but with odds below 1e-9 (then the first is
 #: checked, which a correct function passes as well).
 MEMORY_CANDIDATES = 24
-MEMORY_WORLD_SIZES = (2, 2, 3)
+#: One case per world size; the last has no policy dtypes (param_dtype and reduce_dtype None:
+#: each unit gathers and reduces in its own dtype), a bfloat16 root and a float32 block, so a
+#: count that takes float32 for a None is wrong there.
+MEMORY_WORLD_SIZES = (2, 2, 3, 2)
 
 
 def memory_candidates(seed: int) -> list[list[tuple[FSDPConfig, int, Any, Any, str]]]:
@@ -313,6 +316,9 @@ def memory_candidates(seed: int) -> list[list[tuple[FSDPConfig, int, Any, Any, s
             rd = _pick(gen, [torch.bfloat16, torch.float32])
             if trial == 0:
                 rd = torch.float32 if (pd or dtypes[0]) == torch.bfloat16 else torch.bfloat16
+            if trial == 3:
+                cfg = replace(cfg, unit_dtypes=(torch.bfloat16, torch.float32, *dtypes[2:]))
+                pd = rd = None
             opt = _pick(gen, ["adamw", "sgd"]) if trial else "adamw"
             drawn.append((cfg, ws, pd, rd, opt))
         cases.append(drawn)
@@ -332,7 +338,8 @@ def _unit_bytes(cfg: FSDPConfig, world_size: int, param_dtype: Any, reduce_dtype
             for p in unit
         )
         full = sum(p.numel() for p in unit)
-        sizes.append((full * compute, full * compute + padded * reduce_dtype.itemsize))
+        reduce = (reduce_dtype or param_dtype or unit[0].dtype).itemsize
+        sizes.append((full * compute, full * compute + padded * reduce))
     return sizes
 
 
@@ -359,8 +366,9 @@ def state_digest(model: torch.nn.Module) -> str:
 
 
 def shard_memory(obs: Observations) -> None:
-    """Three random models stored in both dtypes, with random policies and optimizers, on 2
-    and 3 ranks; each case's counts against what real ranks of the grader's own hold."""
+    """Four random models stored in both dtypes, with random policies (one without policy
+    dtypes) and optimizers, on 2 and 3 ranks; each case's counts against what real ranks of the
+    grader's own hold."""
     seed = obs.seed
     for trial, drawn in enumerate(memory_candidates(seed)):
         seen = [(obs.next("refused"), obs.next("counts"), obs.next("model after")) for _ in drawn]

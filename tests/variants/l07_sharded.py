@@ -286,6 +286,21 @@ def shard_memory(model, world_size, policy, optimizer="adamw"):
             reduce="grad",
         ),
     ),
+    "shard_memory_float32_when_param_dtype_none": (
+        "shard_memory",
+        _shard_memory(
+            "Wrong: takes float32 for the compute dtype when param_dtype is None, where each unit "
+            "gathers in its own dtype (bfloat16 for a bfloat16 root)."
+        ).replace("policy.param_dtype or unit[0].dtype", "policy.param_dtype or torch.float32"),
+    ),
+    "shard_memory_reduce_float32_when_none": (
+        "shard_memory",
+        _shard_memory(
+            "Wrong: reduces in float32 when reduce_dtype is None, where FSDP2 reduces in the "
+            "gradients' dtype.",
+            reduce="policy.reduce_dtype or torch.float32",
+        ),
+    ),
     "sr_round_to_nearest": (
         "stochastic_round_bf16",
         """
