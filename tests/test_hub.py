@@ -220,16 +220,21 @@ def _grader(hub, *args: str) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-def _login(browser, hub, user: str):
+def _submit_login(browser, hub, user: str):
+    """Log ``user`` in through the hub's login form (PAM) in a browser context of their own;
+    the hub then starts their server (waited for by :func:`_wait_lab`)."""
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     page = context.new_page()
     page.goto(f"{hub['url']}/hub/login")
     page.fill("#username_input", user)
     page.fill("#password_input", hub["passwords"][user])
-    page.click("#login_submit")
+    page.click("#login_submit", no_wait_after=True)
+    return context, page
+
+
+def _wait_lab(page, user: str) -> None:
     page.wait_for_url(re.compile(rf"/user/{user}/lab"), timeout=240_000)
     page.wait_for_selector("#jp-menu-panel .lm-MenuBar-itemLabel", timeout=120_000)
-    return context, page
 
 
 def _nbgrader_menu(page) -> list[str]:
@@ -277,8 +282,11 @@ def test_a_class_on_jupyterhub(hub, browser, shots):
     url, names, teacher = hub["url"], hub["names"], hub["instructor"]
     ada, grace = names["Ada.Lovelace@uni"], names["2Grace+H"]
 
+    # Everyone logs in at once (their servers start side by side), each in their own context.
+    t_ctx, t_page = _submit_login(browser, hub, teacher)
+    logged_in = {user: _submit_login(browser, hub, user) for user in (ada, grace)}
     # The instructor: the instructor view (formgrader), lesson 01 released to the exchange.
-    t_ctx, t_page = _login(browser, hub, teacher)
+    _wait_lab(t_page, teacher)
     menu = _nbgrader_menu(t_page)
     t_page.keyboard.press("Escape")
     assert {"Assignment List", "Formgrader", "Create assignment"} <= set(menu), menu
@@ -294,7 +302,8 @@ def test_a_class_on_jupyterhub(hub, browser, shots):
     # Two students, each in their own browser context: fetch, fill in, (Validate), submit.
     students = {}
     for user, source in ((ada, RIGHT), (grace, WRONG)):
-        ctx, page = _login(browser, hub, user)
+        ctx, page = logged_in[user]
+        _wait_lab(page, user)
         menu = _nbgrader_menu(page)
         page.keyboard.press("Escape")
         assert menu == ["Assignment List"], f"{user}'s view: {menu}"
@@ -355,11 +364,14 @@ def test_a_class_on_jupyterhub(hub, browser, shots):
         sub = page.locator("#submitted_assignments_list .list_item", has_text=LESSON).first
         sub.get_by_role("button", name="Fetch Feedback").click()
         page.get_by_text("(view feedback)").first.wait_for(timeout=60_000)
+        if user == ada:
+            page.screenshot(path=str(shots / "hub-student-assignment-list-feedback.png"))
         listing = _contents(ctx, hub, user, f"{LESSON}/feedback").json()
         (stamp,) = [e["name"] for e in listing["content"]]
         page.goto(f"{url}/user/{user}/files/{LESSON}/feedback/{stamp}/{LESSON}.html")
         page.wait_for_selector("text=Score", timeout=30_000)
         pages[user] = page.inner_text("body")
+        page.get_by_text("def fp16_bits").first.scroll_into_view_if_needed()
         page.screenshot(path=str(shots / f"hub-feedback-{'right' if user == ada else 'wrong'}.png"))
     ada_text, grace_text = pages[ada], pages[grace]
     assert f"{LESSON} (Score: 2.0 / 14.0)" in ada_text, ada_text[:2000]
