@@ -328,18 +328,29 @@ class _Replay:
         return self.key
 
 
-def _commit(root: Path) -> str | None:
-    """The short commit of ``root``'s checkout (None outside git), for the JSON record."""
+def _git(root: Path, *args: str) -> str:
+    """What ``git -C root ARGS`` prints ("" outside git or when it fails)."""
     try:
         out = subprocess.run(
-            ["git", "-C", str(root), "log", "-1", "--format=%h"],
-            capture_output=True,
-            text=True,
-            timeout=10,
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10
         )
     except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
+        return ""
+    return out.stdout.rstrip() if out.returncode == 0 else ""
+
+
+def checkout_state(root: Path, lesson: str) -> tuple[str | None, list[str]]:
+    """The short commit of ``root``'s checkout and the lesson's files changed since it (its
+    notebook folder, variants and judges): the audit grades the files as they are, not the
+    commit."""
+    commit = _git(root, "log", "-1", "--format=%h").strip() or None
+    paths = [
+        f"solutions/{lesson}",
+        f"tests/variants/l{lesson[:2]}_*",
+        f"grader/judges/l{lesson[:2]}_*",
+    ]
+    changed = _git(root, "status", "--short", "--", *paths).splitlines()
+    return commit, [line[3:] for line in changed]
 
 
 def _replay(
@@ -426,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
+    commit, changed = checkout_state(args.root, args.lesson)
+    if commit:
+        say(f"commit {commit}" + (f", with uncommitted {', '.join(changed)}" if changed else ""))
     start = time.perf_counter()
     with LessonKernel(notebook, timeout=600) as kernel:
         say(f"{args.lesson}: executed once in {kernel.seconds:.1f} s")
@@ -455,12 +469,17 @@ def main(argv: list[str] | None = None) -> int:
         )
         setup = kernel.seconds
     total = time.perf_counter() - start
+    if commit:
+        print(
+            f"{args.lesson} at commit {commit}" + (" (with uncommitted changes)" if changed else "")
+        )
     print(report(audits, setup, args.lesson))
     print(f"\ntotal {total:.1f} s")
     if args.json:
         record = {
             "lesson": args.lesson,
-            "commit": _commit(args.root),
+            "commit": commit,
+            "uncommitted": changed,
             "rule": RULE,
             "seeds": seeds,
             "time_cap": cap or None,

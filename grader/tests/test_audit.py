@@ -175,6 +175,7 @@ def test_a_wrong_variant_scoring_on_some_seeds_is_reported_with_those_seeds(tmp_
         assert replay in out
     record = json.loads(found.read_text())
     assert record["lesson"] == "90-fixture" and record["seeds"] == 6
+    assert record["commit"] is None and record["uncommitted"] == []  # not a git checkout
     (audit,) = record["audits"]
     assert audit["runs"] == {
         "solution": 6,
