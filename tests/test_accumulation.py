@@ -278,3 +278,51 @@ def test_fsdp2_accumulation_sums_in_the_reduce_dtype_or_param_dtype():
     assert by[torch.float32, False]["difference"] < 1e-6
     assert by[None, False]["difference"] > 1e-4
     assert by[None, False]["difference"] == by[torch.bfloat16, False]["difference"]
+
+
+def test_hidden_test_problems_repeat_from_their_seed():
+    from course.accumulation import FiniteLosses, draw_int, output_dtypes, random_problem
+
+    def problem(seed, per=None):
+        gen = torch.Generator().manual_seed(seed)
+        return random_problem(gen, 3, per=per), int(torch.randint(0, 10**6, (), generator=gen))
+
+    (net_a, mbs_a), after_a = problem(5)
+    (net_b, mbs_b), after_b = problem(5)
+    assert after_a == after_b  # the same number of draws from the generator
+    assert len(mbs_a) == 3 and all(
+        torch.equal(x, y) for (x, _), (y, _) in zip(mbs_a, mbs_b, strict=True)
+    )
+    assert all(
+        torch.equal(p, q) for p, q in zip(net_a.parameters(), net_b.parameters(), strict=True)
+    )
+    (_, mbs_c), _ = problem(6, per=11)
+    assert all(len(x) == 11 for x, _ in mbs_c)
+    gen = torch.Generator().manual_seed(0)
+    assert {draw_int(gen, 2, 4) for _ in range(200)} == {2, 3, 4}
+
+    with output_dtypes(net_a[0]) as seen, torch.autocast("cpu", dtype=torch.bfloat16):
+        net_a(mbs_a[0][0])
+    net_a(mbs_a[0][0])  # after the block: not recorded
+    assert seen == [torch.bfloat16]
+    losses = FiniteLosses(nn.functional.cross_entropy)
+    x, y = mbs_a[0]
+    losses(net_a(x), y)
+    losses(torch.full((len(y), net_a[2].out_features), float("inf")), y)
+    assert losses.finite == [True, False]
+
+
+def test_checkpoint_runs_train_the_same_from_the_same_seeds():
+    from course.accumulation import amp_train_steps, checkpoint_run
+
+    x, y = torch.randn(200, 8), torch.randint(0, 3, (200,))
+    finals = []
+    for _ in range(2):
+        run = checkpoint_run(3, "sgd", torch.float16, 2.0**26, 2, (8, 24, 24, 3))
+        torch.manual_seed(4)
+        amp_train_steps(*run, 6, torch.float16, x, y, nn.functional.cross_entropy)
+        finals.append((list(run[0].parameters()), run[2].state_dict()))
+    assert all(torch.equal(p, q) for p, q in zip(finals[0][0], finals[1][0], strict=True))
+    assert finals[0][1] == finals[1][1] and finals[0][1]["scale"] < 2.0**26  # it backed off
+    adamw = checkpoint_run(3, "adamw", torch.bfloat16, 2.0**10, 2, (8, 24, 24, 3))
+    assert isinstance(adamw[1], torch.optim.AdamW) and not adamw[2].is_enabled()

@@ -1,0 +1,359 @@
+"""Lesson 05's judges: the references of its hidden tests and the comparisons.
+
+Each judge rebuilds the problems its driver (the hidden part of the test cell in
+``solutions/05-accumulation``) built from the same seed, in the same order, and reads the
+driver's observations in the order it made them.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from course.accumulation import (
+    amp_train_steps,
+    checkpoint_run,
+    draw_int,
+    random_problem,
+    relative_difference,
+)
+from course.checks import check, check_close, check_equal, check_tensor_equal
+from grader.observe import Observations
+
+loss_fn = nn.functional.cross_entropy
+
+# The reference reproduces the computation it checks (each micro-batch's loss under autocast,
+# divided by their count, scaled, the backward passes summed in float32 .grad, then unscaled as
+# the scaler unscales), so a correct step matches it to the last bit. The tolerance (4 eps of
+# the autocast dtype: 0.0039 for float16, 0.031 for bfloat16) leaves room for valid solutions
+# that round differently, e.g. dividing the scaled loss instead of the loss, which can flip a
+# rounding in the dtype. (One batch of k times the size differs by more than rounding: in 1 of
+# 200 seeds its 3-step trajectory drifted 0.0055 away.)
+TOL = {d: 4 * torch.finfo(d).eps for d in (torch.float16, torch.bfloat16)}
+
+
+def _ref_batch_grads(
+    net: nn.Module, mbs: list[tuple[torch.Tensor, torch.Tensor]], dt: torch.dtype, scale: float
+) -> list[torch.Tensor]:
+    # What accumulated_step computes, written out: GradScaler.scale multiplies by the float32
+    # scale, unscale_ multiplies by its float32 reciprocal (a disabled scaler's scale is 1).
+    twin = copy.deepcopy(net)
+    s = torch.tensor(float(scale), dtype=torch.float32)
+    for xb, yb in mbs:
+        with torch.amp.autocast("cpu", dtype=dt):
+            loss = loss_fn(twin(xb), yb) / len(mbs)
+        (loss * s).backward()
+    inv = s.double().reciprocal().float()
+    return [p.grad.detach() * inv for p in twin.parameters()]
+
+
+def _cleared(grads: Any) -> bool:
+    return all(g is None or (type(g) is torch.Tensor and not bool(g.any())) for g in grads)
+
+
+def _norm(ts: list[torch.Tensor]) -> float:
+    return torch.cat([t.flatten() for t in ts]).norm().item()
+
+
+def _difference(seen: Any, ref: list[torch.Tensor], what: str) -> float:
+    """relative_difference of what the optimizer stepped with and the reference gradients."""
+    check(
+        isinstance(seen, list)
+        and len(seen) == len(ref)
+        and all(
+            type(g) is torch.Tensor and g.shape == r.shape for g, r in zip(seen, ref, strict=True)
+        ),
+        f"every parameter should have a gradient at the step: {what}",
+    )
+    return relative_difference(seen, ref)
+
+
+def accumulated_step(obs: Observations) -> None:
+    """The mean gradient of k micro-batches in float16 and bfloat16, one micro-batch, the growth
+    tracker, clipping on unscaled gradients, an inf in any micro-batch, an overflow of the scaled
+    backward pass on clean data, and three steps in a row against the reference's trajectory."""
+    seed = obs.seed
+    gen = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        _accumulated_step(obs, seed, gen)
+
+
+def _accumulated_step(obs: Observations, seed: int, gen: torch.Generator) -> None:
+    # 1. The gradient of k micro-batches is their mean gradient, in float16 with a scaler
+    #    and in bfloat16 with a disabled scaler; one optimizer step; each loss under autocast and
+    #    backward before the next forward; grads cleared.
+    for dt, enabled in [(torch.float16, True), (torch.bfloat16, False), (torch.float16, True)]:
+        k = draw_int(gen, 2, 6)
+        net, mbs = random_problem(gen, k)
+        ref = _ref_batch_grads(
+            net, mbs, dt, torch.amp.GradScaler("cpu", enabled=enabled).get_scale()
+        )
+        what = f"{k} micro-batches, {dt}, scaler enabled={enabled} (seed {seed})"
+        ret = obs.next("returned")
+        check(ret is True, f"accumulated_step should return True for a normal step: {what}")
+        check_equal(
+            obs.next("forward dtypes"),
+            [dt] * k,
+            f"the autocast dtype of each micro-batch's forward: {what}",
+        )
+        events = obs.next("events")
+        check(isinstance(events, list) and all(type(e) is str for e in events), f"internal: {what}")
+        check_equal(
+            ", ".join(events),
+            ", ".join(["loss (autocast on)", "backward"] * k),
+            f"the order of losses and backward passes: {what}",
+        )
+        check_equal(obs.next("steps"), 1, f"optimizer steps per call: {what}")
+        seen = obs.next("stepped with")
+        check(
+            seen is not None and all(g is not None for g in seen),
+            f"every parameter should have a gradient at the step: {what}",
+        )
+        err = _difference(seen, ref, what)
+        check(
+            err < TOL[dt],
+            f"the accumulated gradient differs from the mean of the {k} "
+            f"micro-batches' gradients (each loss divided by {k}) "
+            f"by {err:.3g} (relative; allowed {TOL[dt]:.3g}): {what}",
+        )
+        check(
+            _cleared(obs.next("grads after")), f"gradients should be cleared after the step: {what}"
+        )
+
+    # 2. A single micro-batch is an ordinary step.
+    net, mbs = random_problem(gen, 1, per=draw_int(gen, 8, 24))
+    ref = _ref_batch_grads(net, mbs, torch.float16, 2.0**16)
+    check(obs.next("returned") is True, f"one micro-batch should step (seed {seed})")
+    what = f"one micro-batch: the gradient should be the batch's (seed {seed})"
+    check(_difference(obs.next("stepped with"), ref, what) < TOL[torch.float16], what)
+
+    # 3. The growth tracker advances once per optimizer step, not once per micro-batch.
+    interval = draw_int(gen, 3, 5)
+    k = draw_int(gen, 2, 5)
+    random_problem(gen, k)
+    for i in range(1, interval):
+        check(obs.next("returned") is True, f"a normal step should return True (seed {seed})")
+        scale, tracker = obs.next("scale and tracker")
+        check_equal(
+            tracker,
+            i,
+            f"the growth tracker after {i} accumulated steps of {k} micro-batches "
+            f"(growth_interval {interval}, seed {seed})",
+        )
+        check_equal(scale, 2.0**10, f"the scale after {i} steps (seed {seed})")
+    ret = obs.next("returned")
+    check_equal(
+        obs.next("scale"),
+        2.0**11,
+        f"the scale after {interval} steps with growth_interval {interval} (seed {seed})",
+    )
+    check(
+        ret is True,
+        f"step {interval} grew the scale and stepped: it should return True, got "
+        f"{ret!r} (a higher scale is not a skip; seed {seed})",
+    )
+    check_equal(
+        obs.next("steps"), interval, f"optimizer steps after {interval} calls (seed {seed})"
+    )
+
+    # 4. Clipping acts on unscaled gradients: active (threshold below the norm) and inactive.
+    for factor in (0.2 + 0.6 * float(torch.rand((), generator=gen)), 10.0):
+        k = draw_int(gen, 2, 5)
+        net, mbs = random_problem(gen, k)
+        scale = 2.0 ** draw_int(gen, 12, 16)
+        ref = _ref_batch_grads(net, mbs, torch.float16, scale)
+        true = _norm(ref)
+        max_norm = obs.next("max_grad_norm")
+        check(
+            type(max_norm) is float and (max_norm < 0.9 * true if factor < 1 else max_norm > true),
+            f"internal: max_grad_norm {max_norm!r} against the norm {true!r} (seed {seed})",
+        )
+        coef = min(1.0, max_norm / true)
+        what = (
+            f"max_grad_norm = {max_norm:.4g} ({factor:.3g} x the batch's float32 gradient norm), "
+            f"the true norm {true:.4g}, {k} micro-batches, scale {scale:g} (seed {seed})"
+        )
+        check(obs.next("returned") is True, f"a clipped step should still step: {what}")
+        seen = obs.next("stepped with")
+        check(
+            isinstance(seen, list) and all(type(g) is torch.Tensor for g in seen),
+            f"every parameter should have a gradient at the step: {what}",
+        )
+        check_close(
+            _norm(seen),
+            coef * true,
+            f"the norm the optimizer stepped with: {what}",
+            rtol=TOL[torch.float16],
+        )
+        check(
+            _difference(seen, [g * coef for g in ref], what) < TOL[torch.float16],
+            f"the clipped gradient should be the batch's, shrunk by {coef:.3g}: {what}",
+        )
+        check(
+            _cleared(obs.next("grads after")),
+            f"gradients should be cleared after a clipped step: {what}",
+        )
+
+    # 5. An inf in any micro-batch: parameters and optimizer untouched, False, scale halved once,
+    #    gradients cleared so the next step is clean again.
+    for clip in (None, 1.0):
+        k = draw_int(gen, 2, 6)
+        net, mbs = random_problem(gen, k)
+        bad = draw_int(gen, 0, k - 1)
+        xb = mbs[bad][0].clone()
+        xb[draw_int(gen, 0, len(xb) - 1), draw_int(gen, 0, xb.shape[1] - 1)] = float("inf")
+        mbs[bad] = (xb, mbs[bad][1])
+        s0 = 2.0 ** draw_int(gen, 13, 16)
+        before = [p.detach().clone() for p in net.parameters()]
+        what = f"an inf in micro-batch {bad} of {k}, max_grad_norm={clip} (seed {seed})"
+        ret = obs.next("returned")
+        check(ret is False, f"accumulated_step should return False: {what}, got {ret!r}")
+        check_equal(obs.next("steps"), 0, f"optimizer.step() calls: {what}")
+        check_equal(
+            obs.next("optimizer states"), 0, f"optimizer states created (no momentum yet): {what}"
+        )
+        params = obs.next("parameters")
+        check(isinstance(params, list) and len(params) == len(before), f"internal: {what}")
+        for p, b in zip(params, before, strict=True):
+            check_tensor_equal(p, b, f"a parameter: {what}")
+        check_equal(obs.next("scale"), s0 / 2, f"the scale (halved once): {what}")
+        check(
+            _cleared(obs.next("grads after")),
+            f"gradients should be cleared after a skipped step: {what}",
+        )
+        good = [(a.nan_to_num(posinf=0.0), b) for a, b in mbs]
+        ref = _ref_batch_grads(net, good, torch.float16, s0 / 2)
+        ref = [g * min(1.0, clip / (_norm(ref) + 1e-6)) if clip else g for g in ref]
+        check(obs.next("returned") is True, f"the clean step after {what} should step")
+        message = f"the clean step after {what} should see only its own gradients"
+        check(_difference(obs.next("stepped with"), ref, message) < TOL[torch.float16], message)
+
+    # 5b. A scale too large for clean data: every loss is finite, but the backward pass (on the
+    #     loss times the scale) overflows float16, so the scaler skips and halves the scale.
+    k = draw_int(gen, 2, 5)
+    random_problem(gen, k)
+    s0 = 2.0 ** draw_int(gen, 40, 60)
+    what = f"clean data, init_scale {s0:g}, {k} micro-batches (seed {seed})"
+    ret = obs.next("returned")
+    finite = obs.next("finite losses")
+    check(isinstance(finite, list) and all(finite), f"every loss should be finite here: {what}")
+    check(
+        ret is False,
+        f"the scaled backward pass overflowed with every loss finite, so the scaler "
+        f"skipped: accumulated_step should return False, got {ret!r}: {what}",
+    )
+    check_equal(obs.next("steps"), 0, f"optimizer.step() calls: {what}")
+    check_equal(obs.next("scale"), s0 / 2, f"the scale (halved once): {what}")
+    check(
+        _cleared(obs.next("grads after")),
+        f"gradients should be cleared after a skipped step: {what}",
+    )
+
+    # 6. Several steps in a row follow the same steps taken with the reference gradients.
+    k = draw_int(gen, 2, 4)
+    net, mbs = random_problem(gen, k)
+    twin = copy.deepcopy(net)
+    start = [p.detach().clone() for p in net.parameters()]
+    opt_ref = torch.optim.SGD(twin.parameters(), lr=0.05)
+    for step in range(3):
+        scale = obs.next("scale")
+        check(isinstance(scale, float), f"internal: the scale before step {step} (seed {seed})")
+        grads = _ref_batch_grads(twin, mbs, torch.float16, scale)
+        check(obs.next("returned") is True, f"step {step} of 3 in a row should step (seed {seed})")
+        for p, g in zip(twin.parameters(), grads, strict=True):
+            p.grad = g
+        opt_ref.step()
+    params = obs.next("parameters")
+    check(
+        isinstance(params, list) and len(params) == len(start), f"internal: 3 steps (seed {seed})"
+    )
+    err = relative_difference(
+        [p - s for p, s in zip(params, start, strict=True)],
+        [p.detach() - s for p, s in zip(twin.parameters(), start, strict=True)],
+    )
+    check(
+        err < TOL[torch.float16],
+        f"after 3 accumulated steps in a row the parameters moved {err:.3g} (relative) away from "
+        f"the reference run's: are the gradients cleared after each step? (seed {seed})",
+    )
+
+
+def checkpoint_state(obs: Observations) -> None:
+    """AdamW and SGD with momentum in float16 (a scale that backs off before the checkpoint),
+    AdamW in bfloat16 and SGD in float16 with a steady scale (a growth tracker far from 0 at the
+    checkpoint): after loading, the scaler's and the optimizer's state are the saved ones,
+    and the resumed run matches the run that never stopped, bit for bit."""
+    seed = obs.seed
+    gen = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        _checkpoint_state(obs, seed, gen)
+
+
+def _checkpoint_state(obs: Observations, seed: int, gen: torch.Generator) -> None:
+    d, c = draw_int(gen, 6, 16), draw_int(gen, 3, 6)
+    data_x = torch.randn(200, d, generator=gen)
+    data_y = torch.randint(0, c, (200,), generator=gen)
+    cases = [
+        ("adamw", torch.float16, True),
+        ("sgd", torch.float16, True),
+        ("adamw", torch.bfloat16, True),
+        ("sgd", torch.float16, False),
+    ]
+    for kind, dt, backoff in cases:
+        init, interval = 2.0 ** draw_int(gen, 24, 30), draw_int(gen, 2, 4)
+        if not backoff:
+            init, interval = 2.0**10, 1000
+        n1, n2 = draw_int(gen, 8, 14), draw_int(gen, 6, 12)
+        what = f"{kind}, {dt}, {n1} steps then {n2} resumed (seed {seed})"
+        a = checkpoint_run(draw_int(gen, 0, 2**30), kind, dt, init, interval, (d, 24, 24, c))
+        torch.manual_seed(draw_int(gen, 0, 2**30))
+        amp_train_steps(*a, n1, dt, data_x, data_y, loss_fn)
+        path, written = obs.next("file written")
+        check(written is True, f"save_training_state should write {path}: {what}")
+        saved_scaler = a[2].state_dict()
+        # The steady run's tracker is not a fresh scaler's 0: a scaler restored without it fails.
+        check(
+            backoff or saved_scaler["_growth_tracker"] > 0,
+            f"internal: the growth tracker at the checkpoint is 0: {what}",
+        )
+        saved_opt = copy.deepcopy(a[1].state_dict())
+        amp_train_steps(*a, n2, dt, data_x, data_y, loss_fn)
+        draw_int(gen, 0, 2**30)  # run B's seed
+        draw_int(gen, 0, 2**30)  # the random state B starts from before loading
+        draw_int(gen, 1, 50)
+        check_equal(
+            obs.next("scaler after loading"),
+            saved_scaler,
+            f"the scaler state after loading: {what}",
+        )
+        opt_state = obs.next("optimizer state after loading")
+        check(isinstance(opt_state, dict), f"the optimizer's state after loading: {what}")
+        check_equal(
+            sorted(opt_state),
+            sorted(saved_opt["state"]),
+            f"the optimizer's state after loading: {what}",
+        )
+        for key, st in saved_opt["state"].items():
+            for name, val in st.items():
+                if isinstance(val, torch.Tensor):
+                    got = opt_state[key].get(name) if isinstance(opt_state[key], dict) else None
+                    check_tensor_equal(
+                        got, val, f"optimizer state {name} of parameter {key}: {what}"
+                    )
+        params = obs.next("parameters")
+        check(
+            isinstance(params, list) and len(params) == len(list(a[0].parameters())),
+            f"internal: {what}",
+        )
+        for (name, pa), (_, pb) in zip(a[0].named_parameters(), params, strict=True):
+            check_tensor_equal(pb, pa.detach(), f"parameter {name} of the resumed run: {what}")
+        check_equal(obs.next("final scaler"), a[2].state_dict(), f"the final scaler state: {what}")
+
+
+JUDGES = {
+    "accumulated_step_tests": ("accumulated_step", accumulated_step),
+    "checkpoint_state_tests": ("checkpoint_state", checkpoint_state),
+}
