@@ -227,6 +227,10 @@ def _test_status(status: str, expressions: dict, outputs: list) -> str:
     return "no-verdict"
 
 
+#: Seconds an interrupted kernel has to run ``pass`` before the rest of the notebook is not run.
+ANSWER_AFTER_TIMEOUT = 10.0
+
+
 async def _run(request: dict, events: list, timing: dict) -> list:
     # jsonschema (imported by nbformat) loads its optional IRI format checker, rfc3987_syntax,
     # which compiles a Lark grammar at import: seconds per submission on a loaded 2-core machine,
@@ -309,6 +313,7 @@ async def _run(request: dict, events: list, timing: dict) -> list:
 
     results = []
     dead = False
+    stuck = ""  # why the kernel no longer answers, once a cell that ran out of time left it so
     tick = time.monotonic()
     timing["setup"] = tick - timing.pop("clock")  # stdin, lesson files, imports
     async with client.async_setup_kernel():
@@ -355,8 +360,12 @@ async def _run(request: dict, events: list, timing: dict) -> list:
             if cell.cell_type != "code":
                 continue
             remaining = deadline - time.monotonic()
-            if dead or remaining <= 1:
-                why = "the kernel died earlier" if dead else "the notebook ran past its time limit"
+            if dead or stuck or remaining <= 1:
+                why = (
+                    "the kernel died earlier"
+                    if dead
+                    else stuck or "the notebook ran past its time limit"
+                )
                 cell.outputs = [_error("NotRun", f"this cell was not run: {why}")]
                 results.append(
                     {
@@ -430,6 +439,22 @@ async def _run(request: dict, events: list, timing: dict) -> list:
                     cell.source = source
                     client.kc.execute = plain_execute
                     timing["tests"] += time.monotonic() - started
+            ran_out = status == "timeout" or time.monotonic() - started >= client.timeout
+            if ran_out and not dead:
+                # Interrupted at its limit: a kernel that no longer answers (its loop swallows
+                # the interrupt, or the cell broke ipykernel itself) would make every later cell
+                # wait out its own limit too.
+                try:
+                    answered = await hidden("pass", ANSWER_AFTER_TIMEOUT)
+                except Exception as exc:  # noqa: BLE001 - a timeout or a dead channel
+                    answered = f"{type(exc).__name__}"
+                if answered != "ok":
+                    stuck = (
+                        f"the kernel stopped answering after cell {index} ran past its time "
+                        f"limit (asked to run `pass`, it gave {answered} within "
+                        f"{ANSWER_AFTER_TIMEOUT:.0f} s)"
+                    )
+                    events.append(f"cell {index}: {stuck}")
             if statuses.get(index) == "error" and not any(
                 o.get("output_type") == "error" for o in cell.outputs
             ):

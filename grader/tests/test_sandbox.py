@@ -298,3 +298,30 @@ def test_a_cell_running_past_its_expected_time_says_where_the_kernel_waits():
     main = next(part for part in event.split("; ") if "(main)" in part)
     assert "nanosleep" in main, event
     assert [c["status"] for c in answer["cells"]] == ["ok", "ok"]
+
+
+def test_a_kernel_that_stops_answering_after_a_timeout_leaves_the_rest_not_run():
+    """A cell whose loop swallows the interrupt keeps the kernel busy past its limit: the rest
+    of the notebook is not run (each would only wait out its own limit) and says why; a cell
+    that obeys the interrupt leaves the kernel answering, and the next cells run."""
+    need_bwrap()
+    obeys = "import time\ntime.sleep(60)"
+    swallows = (
+        "import time\nwhile True:\n    try:\n        time.sleep(60)\n"
+        "    except KeyboardInterrupt:\n        pass"
+    )
+    nb = new_notebook(
+        cells=[new_code_cell(obeys), new_code_cell("1 + 1"), new_code_cell(swallows)]
+        + [new_code_cell("2 + 2") for _ in range(3)]
+    )
+    answer = sandbox.execute(
+        json.loads(json.dumps(nb)),
+        [],
+        Settings(limits=Limits(cell_timeout=3, notebook_timeout=120)),
+    )
+    statuses = [c["status"] for c in answer["cells"]]
+    assert statuses[1] == "ok" and statuses[3:] == ["not-run"] * 3, statuses
+    said = answer["cells"][3]["outputs"][0]["evalue"]
+    assert "the kernel stopped answering after cell 2 ran past its time limit" in said, said
+    assert any(e.startswith("cell 2: the kernel stopped answering") for e in answer["events"])
+    assert not any("cell 0: the kernel stopped" in e for e in answer["events"])
