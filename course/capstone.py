@@ -6,7 +6,9 @@ helpers here measure and draw what the lesson's GPT (:mod:`course.gpt`) does in 
 
 from __future__ import annotations
 
+import math
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 
 import ipywidgets as W
@@ -14,6 +16,7 @@ import torch
 from IPython.display import display
 from matplotlib.axes import Axes
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from course.benchmark import BASE_MODES, COMPILED, Result, math_mode, parse_mode, run_benchmark
 from course.benchmark import unsupported_reason as _unsupported
@@ -33,19 +36,26 @@ _HALF = (torch.float16, torch.bfloat16)
 
 class AutocastProbeGPT(GPT):
     """The lesson's GPT, recording its initial weights, on every forward pass whether gradients
-    and autocast were on and its input, and, when backward reaches the logits, whether autocast
-    was on then (lesson 09's tests of ``train_compare``: the recipe runs ``backward()`` outside
-    autocast)."""
+    and autocast were on (and autocast's dtype) and its input, and, when backward reaches the
+    logits, whether autocast was on then and the gradient's norm (lesson 09's tests of
+    ``train_compare``: the recipe runs ``backward()`` outside autocast, and a GradScaler scales
+    the float16 run's gradients)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
         self.initial = {k: v.detach().clone() for k, v in self.state_dict().items()}
         self.calls: list[tuple[bool, bool, torch.Tensor]] = []
+        self.dtypes: list[str | None] = []
         self.backward_autocast: list[bool] = []
+        self.grad_norms: list[float] = []
+        self.step_grad_norms: list[float] = []
+        _watch_optimizer_steps(self)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         kind = idx.device.type
-        self.calls.append((torch.is_grad_enabled(), torch.is_autocast_enabled(kind), idx.clone()))
+        on = torch.is_autocast_enabled(kind)
+        self.calls.append((torch.is_grad_enabled(), on, idx.clone()))
+        self.dtypes.append(str(torch.get_autocast_dtype(kind)) if on else None)
         logits = super().forward(idx)
         if logits.requires_grad:
             logits.register_hook(self._on_backward)
@@ -53,15 +63,57 @@ class AutocastProbeGPT(GPT):
 
     def _on_backward(self, grad: torch.Tensor) -> None:
         self.backward_autocast.append(torch.is_autocast_enabled(grad.device.type))
+        self.grad_norms.append(grad.detach().double().norm().item())
 
-    def flags(self) -> dict[str, list[bool]]:
-        """What the probe saw, as plain lists: per forward pass (grad enabled, autocast
-        enabled), and autocast's state at each backward pass."""
+    def flags(self) -> dict:
+        """What the probe saw, as plain data: per forward pass (grad enabled, autocast enabled,
+        autocast's dtype, the input), at each backward pass autocast's state and the norm of
+        the gradient reaching the logits, at each optimizer step the norm of the gradients it
+        stepped with, and the initial weights."""
         return {
             "grad": [c[0] for c in self.calls],
             "autocast": [c[1] for c in self.calls],
+            "dtype": list(self.dtypes),
+            "inputs": [c[2].cpu() for c in self.calls],
             "backward_autocast": list(self.backward_autocast),
+            "grad_norm": list(self.grad_norms),
+            "step_grad_norm": list(self.step_grad_norms),
+            "initial": {k: v.cpu() for k, v in self.initial.items()},
         }
+
+
+#: The optimizer hooks of the probes built so far, each with its model (weakly held).
+_STEP_WATCHES: list[tuple[weakref.ref, object]] = []
+
+
+def _watch_optimizer_steps(model: AutocastProbeGPT) -> None:
+    """Before any optimizer steps ``model``'s parameters, note the norm of their gradients (a
+    GradScaler's ``step`` unscales them first; a bare ``optimizer.step()`` after
+    ``scaler.scale(loss).backward()`` steps with them scaled). The hook is common to all
+    optimizers; those of probes no longer alive are removed when the next probe is built (not
+    from inside a hook: torch is iterating over them then)."""
+    for gone, handle in [w for w in _STEP_WATCHES if w[0]() is None]:
+        handle.remove()
+        _STEP_WATCHES.remove((gone, handle))
+    ref = weakref.ref(model)
+
+    def before_step(optimizer, args, kwargs) -> None:
+        me = ref()
+        if me is None:
+            return
+        mine = {id(p) for p in me.parameters()}
+        grads = [
+            p.grad
+            for group in optimizer.param_groups
+            for p in group["params"]
+            if id(p) in mine and p.grad is not None
+        ]
+        if grads:
+            me.step_grad_norms.append(
+                math.sqrt(sum(g.detach().double().pow(2).sum().item() for g in grads))
+            )
+
+    _STEP_WATCHES.append((ref, register_optimizer_step_pre_hook(before_step)))
 
 
 def probed_gpt(config: GPTConfig, built: list) -> AutocastProbeGPT:

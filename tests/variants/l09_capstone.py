@@ -239,6 +239,24 @@ def transformer_flops(config, tokens):
     ),
     # Evaluates on val_batch's default 64 windows, not the whole held-out text.
     "train_compare_evaluates_64_windows": ("train_compare", _compare(EVAL_WINDOWS="64")),
+    # Steps the optimizer itself on the scaled gradients (never unscaled; an overflowing step is
+    # not skipped). AdamW is nearly blind to the scale, except through its eps.
+    "train_compare_optimizer_steps_scaled_grads": (
+        "train_compare",
+        _compare().replace(
+            "            scaler.step(optimizer)\n            scaler.update()\n",
+            "            optimizer.step()\n",
+        ),
+    ),
+    # Autocast in bfloat16 whatever amp_dtype says (the scaler still follows amp_dtype).
+    "train_compare_autocast_always_bf16": (
+        "train_compare",
+        _compare().replace(
+            "with torch.autocast(device_type, dtype=amp_dtype, enabled=amp):\n                loss",
+            "with torch.autocast(device_type, dtype=torch.bfloat16, enabled=amp):\n"
+            "                loss",
+        ),
+    ),
     # All-reduces after every micro-batch (no no_sync): the same gradients, accum times the
     # communication.
     "step_without_no_sync": (
