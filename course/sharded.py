@@ -169,6 +169,38 @@ def record_fsdp_collectives() -> Iterator[list[tuple[str, torch.dtype, int]]]:
         yield records
 
 
+@contextlib.contextmanager
+def record_step_gradients() -> Iterator[list[float]]:
+    """Inside a rank: for each optimizer step taken, the sum of squares of this rank's gradients.
+
+    A global optimizer step pre-hook (any optimizer, however it was built) adds up, in float64,
+    the squares of the local part of every gradient the step is about to use; summed over the
+    ranks it is the squared norm of the whole gradient. Graders compare it with a reference:
+    AdamW's update hardly changes when every gradient is scaled by the same factor (a loss
+    multiplied by the world size, or summed instead of averaged), the gradient itself does.
+    Introduced in lesson 07.
+    """
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    sums: list[float] = []
+
+    def before_step(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        sums.append(
+            sum(
+                float(local(p.grad).detach().double().square().sum())
+                for group in optimizer.param_groups
+                for p in group["params"]
+                if p.grad is not None
+            )
+        )
+
+    handle = register_optimizer_step_pre_hook(before_step)
+    try:
+        yield sums
+    finally:
+        handle.remove()
+
+
 def local(t: torch.Tensor) -> torch.Tensor:
     """This rank's part of ``t``: the local shard of a DTensor, ``t`` itself otherwise."""
     return t.to_local() if hasattr(t, "to_local") else t

@@ -32,6 +32,7 @@ from course.sharded import (
     local,
     rank_mesh,
     record_backward_peaks,
+    record_step_gradients,
     sharded_worker,
 )
 from grader.observe import Foreign, Observations
@@ -89,8 +90,35 @@ def fsdp_configs(seed: int) -> list[FSDPConfig]:
 
 
 def _reference_worker(rank: int, world_size: int, configs: list[FSDPConfig]) -> list[dict]:
-    """On each of the grader's own ranks: the course's FSDP2 run of every config in turn."""
-    return [sharded_worker(rank, world_size, RunSpec(cfg)) for cfg in configs]
+    """On each of the grader's own ranks: the course's FSDP2 run of every config in turn, with
+    the gradient each of its optimizer steps used."""
+    runs = []
+    for cfg in configs:
+        with record_step_gradients() as stepped:
+            run = sharded_worker(rank, world_size, RunSpec(cfg))
+        runs.append({**run, "stepped": list(stepped)})
+    return runs
+
+
+#: How far the norm of the gradient an optimizer step used may be from the reference's
+#: (relative). Both runs compute the same thing on the same split, so the norms agree far more
+#: closely; a loss scaled by the world size (2 here) or summed over a chunk is off by 2x or more.
+STEP_GRAD_RTOL = 1e-2
+
+
+def _step_gradient_norms(ranks: list[dict], what: str, steps: int) -> list[float]:
+    """The norm of the whole gradient at each optimizer step: the ranks' local squares added."""
+    for rank, run in enumerate(ranks):
+        stepped = run["stepped"]
+        check(
+            isinstance(stepped, list) and all(type(v) is float for v in stepped),
+            "the hidden test's record of the optimizer steps is malformed",
+        )
+        check(
+            len(stepped) == steps,
+            f"{what}: rank {rank}'s optimizer stepped {len(stepped)} times in {steps} steps",
+        )
+    return [math.sqrt(sum(run["stepped"][s] for run in ranks)) for s in range(steps)]
 
 
 def _check_fsdp_run(ranks: list[dict], cfg: FSDPConfig, what: str) -> None:
@@ -171,7 +199,7 @@ def fsdp_amp_worker(obs: Observations) -> None:
     runs = [[obs.next("run") for _ in range(2)] for _ in configs]
     for run in (r for ranks in runs for r in ranks):
         check(
-            type(run) is dict and sorted(run) == ["refused", "result", "sent"],
+            type(run) is dict and sorted(run) == ["refused", "result", "sent", "stepped"],
             "the hidden test's record of a rank is malformed",
         )
     references: list[list[dict]] | None = None
@@ -180,6 +208,16 @@ def fsdp_amp_worker(obs: Observations) -> None:
         _check_fsdp_run(ranks, cfg, what)
         if references is None:  # only once every run has the right form
             references = launch(_reference_worker, 2, (configs,), timeout=150, show_output=False)
+        got = _step_gradient_norms(ranks, what, cfg.steps)
+        want = _step_gradient_norms([references[r][i] for r in range(2)], what, cfg.steps)
+        for step, (g, w) in enumerate(zip(got, want, strict=True)):
+            check(
+                abs(g - w) <= STEP_GRAD_RTOL * w,
+                f"{what}: optimizer step {step} used a gradient of norm {g:.6g}, the reference "
+                f"{w:.6g} ({g / w:.3g}x): FSDP2's reduce-scatter already averages the ranks' "
+                "gradients; back-propagate each rank's mean loss, neither multiplied nor divided "
+                "by the world size",
+            )
         for rank, run in enumerate(ranks):
             ref = references[rank][i]
             check_close(

@@ -140,6 +140,44 @@ def fsdp_amp_worker(rank, world_size, config):
     return {"state_dict": state, "losses": losses}
 """,
     ),
+    "fsdp_loss_times_world_size": (
+        "fsdp_amp_worker",
+        """
+def fsdp_amp_worker(rank, world_size, config):
+    # Wrong: the loss multiplied by the world size before backward ("the reduce-scatter sums,
+    # so undo the 1/world_size"): FSDP2 averages, so every gradient is world_size times too
+    # large. AdamW's step hardly changes (it divides by the gradient's running RMS), so the
+    # weights and the reported losses look right; the gradient the optimizer used does not.
+    model = config.make_model()
+    policy = MixedPrecisionPolicy(param_dtype=config.param_dtype, reduce_dtype=config.reduce_dtype)
+    for block in model.blocks:
+        fully_shard(block, mesh=rank_mesh(), mp_policy=policy)
+    fully_shard(model, mesh=rank_mesh(), mp_policy=policy)
+"""
+        + _WORKER_LOOP.replace("loss.backward()", "(loss * world_size).backward()")
+        + """
+    state = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    return {"state_dict": state, "losses": losses}
+""",
+    ),
+    "fsdp_loss_divided_by_world_size": (
+        "fsdp_amp_worker",
+        """
+def fsdp_amp_worker(rank, world_size, config):
+    # Wrong: the loss divided by the world size as DDP scripts once did by hand: FSDP2's
+    # reduce-scatter already averages, so the gradient is world_size times too small.
+    model = config.make_model()
+    policy = MixedPrecisionPolicy(param_dtype=config.param_dtype, reduce_dtype=config.reduce_dtype)
+    for block in model.blocks:
+        fully_shard(block, mesh=rank_mesh(), mp_policy=policy)
+    fully_shard(model, mesh=rank_mesh(), mp_policy=policy)
+"""
+        + _WORKER_LOOP.replace("loss.backward()", "(loss / world_size).backward()")
+        + """
+    state = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    return {"state_dict": state, "losses": losses}
+""",
+    ),
     "fsdp_whole_batch_on_every_rank": (
         "fsdp_amp_worker",
         """
