@@ -68,7 +68,8 @@ NUM_CLASSES = 10
 TF32_NOTE = (
     "TF32 is a CUDA math mode, not a dtype (torch.set_float32_matmul_precision('high'), "
     "torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32): "
-    "the course measures it on NVIDIA GPUs with compute capability 8.0 or newer only"
+    "the course measures this mode on NVIDIA GPUs with compute capability 8.0 or newer only "
+    "(on a CPU, lesson 09 measures what the setting changes in one matmul)"
 )
 #: Measurements whose median round is this much slower than their fastest are flagged as noisy.
 NOISY_SPREAD = 1.5
@@ -265,7 +266,10 @@ def make_batch(
 @contextlib.contextmanager
 def math_mode(tf32: bool) -> Iterator[None]:
     """Float32 matmuls and convolutions in TF32 (``tf32=True``) or in full float32, restoring the
-    previous settings afterwards (lesson 09). Only CUDA reads these settings."""
+    previous settings afterwards (lesson 09). CUDA reads them, and on a CPU oneDNN's matmul
+    precision follows ``set_float32_matmul_precision`` too (torch 2.13: ``"high"`` sets
+    ``torch.backends.mkldnn.matmul.fp32_precision`` to ``"tf32"``); what that changes on a CPU
+    is measured by :func:`float32_precision_effect`."""
     old_precision = torch.get_float32_matmul_precision()
     old_cudnn = torch.backends.cudnn.allow_tf32
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
@@ -275,6 +279,62 @@ def math_mode(tf32: bool) -> Iterator[None]:
     finally:
         torch.set_float32_matmul_precision(old_precision)
         torch.backends.cudnn.allow_tf32 = old_cudnn
+
+
+@dataclass(frozen=True)
+class PrecisionEffect:
+    """What ``set_float32_matmul_precision("high")`` changed for one float32 matmul here."""
+
+    device: str
+    size: int
+    onednn_setting: str
+    max_relative_difference: float
+    speedup: float
+
+    @property
+    def identical(self) -> bool:
+        return self.max_relative_difference == 0.0
+
+    def sentence(self) -> str:
+        """What was measured, in words (lesson 09 prints it)."""
+        setting = (
+            f"set_float32_matmul_precision('high') sets oneDNN's float32 matmul precision to "
+            f"{self.onednn_setting!r} (torch.backends.mkldnn.matmul.fp32_precision)"
+        )
+        shape = f"a {self.size}x{self.size} float32 matmul on the {self.device}"
+        if self.identical:
+            return (
+                f"{setting}; {shape} gave the same bits as under 'highest', at "
+                f"{self.speedup:.2f}x its speed: on this CPU the setting changes nothing this "
+                "matmul shows, so the benchmark's tf32 mode would be its fp32 mode again"
+            )
+        return (
+            f"{setting}; {shape} moved by up to {self.max_relative_difference:.1e} of its largest "
+            f"value against 'highest' and ran at {self.speedup:.2f}x its speed: on this CPU the "
+            "setting lowers the matmul's internal precision"
+        )
+
+
+def float32_precision_effect(size: int = 512, device: str = "cpu") -> PrecisionEffect:
+    """Measure one ``size`` x ``size`` float32 matmul under ``"highest"`` and ``"high"``:
+    the largest difference (relative to the largest entry) and the speed ratio, each timed with
+    ``torch.utils.benchmark`` (lesson 09: whether TF32 means anything on this device)."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=gen).to(device)
+    b = torch.randn(size, size, generator=gen).to(device)
+    results: dict[bool, torch.Tensor] = {}
+    times: dict[bool, float] = {False: float("inf"), True: float("inf")}
+    for _ in range(3):  # interleaved rounds, the fastest of each kept
+        for tf32 in (False, True):
+            with math_mode(tf32):
+                if tf32:
+                    setting = torch.backends.mkldnn.matmul.fp32_precision
+                results[tf32] = a @ b
+                timer = tbench.Timer("a @ b", globals={"a": a, "b": b})
+                times[tf32] = min(times[tf32], timer.blocked_autorange(min_run_time=0.1).median)
+    exact = results[False].abs().max()
+    diff = (results[True] - results[False]).abs().max() / exact
+    return PrecisionEffect(device, size, setting, float(diff), times[False] / times[True])
 
 
 @dataclass

@@ -81,6 +81,23 @@ def test_math_mode_sets_and_restores_tf32():
     assert torch.get_float32_matmul_precision() == before
 
 
+def test_float32_precision_effect_reads_onednn_and_restores_the_setting():
+    torch.set_float32_matmul_precision("medium")
+    try:
+        effect = B.float32_precision_effect(size=64)
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    # torch 2.13: "high" reaches oneDNN as "tf32" (not only CUDA's matmuls).
+    assert effect.onednn_setting == "tf32"
+    assert 0.0 <= effect.max_relative_difference < 1e-2 and effect.speedup > 0
+    said = effect.sentence()
+    assert "'tf32'" in said and "64x64" in said and f"{effect.speedup:.2f}x" in said
+    assert ("same bits" in said) == effect.identical
+    moved = B.PrecisionEffect("cpu", 8, "tf32", 4e-4, 1.7).sentence()
+    assert "4.0e-04" in moved and "1.70x" in moved and "same bits" not in moved
+
+
 def test_run_benchmark_on_cpu_measures_what_exists_and_says_what_not():
     calls = []
     res = B.run_benchmark(
