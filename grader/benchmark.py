@@ -1,6 +1,7 @@
 """Benchmark: plain serial ``nbgrader autograde`` against this grader, on one synthetic class.
 
-``python -m grader.benchmark [--submissions 20] [--workers N] [--lesson 01-number-formats]``
+``python -m grader.benchmark [--submissions 20] [--workers N] [--lesson 01-number-formats]
+[--grader-only]``
 
 The class is the lesson's solution notebook and its wrong variants (tests/variants), repeated to
 ``--submissions`` students, so it is a mix of right and wrong answers. In one run it measures:
@@ -11,7 +12,8 @@ The class is the lesson's solution notebook and its wrong variants (tests/varian
 3. this grader: the same submissions through :func:`grader.autograde.autograde` (sandboxed,
    ``--workers`` in parallel);
 
-and prints seconds per submission for 2 and 3, their ratio, and the grader's per-submission
+(``--grader-only`` skips 2: a long stall hunt over hundreds of submissions) and prints seconds
+per submission for 2 and 3, their ratio, and the grader's per-submission
 overhead over bare execution (the mean time one worker spent on a submission minus 1), then a
 table of where that worker time goes (nbgrader's start, the sandbox, kernel start, the grader's
 prelude, the notebook's cells, the graded test cells with their fork and restore, shutdown,
@@ -149,6 +151,36 @@ def slow_cells(path: Path, top: int = 5) -> list[tuple[int, float, float, float]
     return sorted(rows, key=lambda r: -r[3])[:top]
 
 
+#: A cell counts as stalled when one run of it took this much longer than its median run.
+STALL_MARGIN = 30.0
+
+
+def stalls(results: Path, timing: Path | None) -> list[str]:
+    """Every sign of a stall in one graded class, a line each: a cell that ran
+    :data:`STALL_MARGIN` seconds past its median over the submissions, a cell the runner
+    described as still running (its ``still running after`` event, with where the kernel's
+    threads waited), and a cell stopped at its time limit."""
+    found = []
+    if timing is not None and timing.is_file():
+        runs: dict[int, list[float]] = {}
+        for line in timing.read_text().splitlines():
+            for index, seconds in (json.loads(line).get("cell_seconds") or {}).items():
+                runs.setdefault(int(index), []).append(float(seconds))
+        for index, values in sorted(runs.items()):
+            median = sorted(values)[len(values) // 2]
+            for seconds in values:
+                if seconds > median + STALL_MARGIN:
+                    found.append(f"cell {index}: {seconds:.1f} s (median {median:.1f} s)")
+    for path in sorted(results.glob("*.json")):
+        data = json.loads(path.read_text())
+        for event in data.get("events") or []:
+            if "still running after" in event:
+                found.append(f"{path.stem}: {event}")
+        for timeout in data.get("timeouts") or []:
+            found.append(f"{path.stem}: ran out of time: {timeout}")
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m grader.benchmark",
@@ -157,6 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--lesson", default="01-number-formats")
     parser.add_argument("--submissions", type=int, default=20)
+    parser.add_argument(
+        "--grader-only",
+        action="store_true",
+        help="skip plain serial nbgrader (and the score comparison): the grader alone, for a "
+        "long run that counts stalls",
+    )
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument(
         "--keep",
@@ -212,10 +250,12 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
-        start = time.perf_counter()
-        plain = autograde_notebooks(args.lesson, subs, tmp / "plain")
-        plain_s = time.perf_counter() - start
-        print(f"plain serial nbgrader autograde: {plain_s:.1f} s", flush=True)
+        plain, plain_s = {}, 0.0
+        if not args.grader_only:
+            start = time.perf_counter()
+            plain = autograde_notebooks(args.lesson, subs, tmp / "plain")
+            plain_s = time.perf_counter() - start
+            print(f"plain serial nbgrader autograde: {plain_s:.1f} s", flush=True)
 
         course = tmp / "course"
         copy_course_skeleton(REPO_ROOT, course)
@@ -226,18 +266,21 @@ def main(argv: list[str] | None = None) -> int:
         timing = tmp / "timing.jsonl"
         os.environ["GRADER_TIMING"] = str(timing)  # grader.execute appends each run's phases
         start = time.perf_counter()
-        outcomes = autograde(args.lesson, course, workers=args.workers, mode=mode, progress=False)
+        outcomes = autograde(
+            args.lesson, course, workers=args.workers, mode=mode, progress=args.grader_only
+        )
         grader_s = time.perf_counter() - start
         del os.environ["GRADER_TIMING"]
         per_worker = sum(o.seconds for o in outcomes) / max(1, len(outcomes))
         phases = worker_phases(timing) if timing.is_file() else []
         slowest = slow_cells(timing) if timing.is_file() else []
         worker_split = worker_split_of(course / ".grader" / args.lesson / "results")
+        stalled = stalls(course / ".grader" / args.lesson / "results", timing)
         print(f"this grader ({args.workers} workers): {grader_s:.1f} s", flush=True)
 
     n = len(subs)
     mismatches = []
-    for o in outcomes:
+    for o in outcomes if plain else ():
         theirs = {g: c.score for g, c in plain[o.student].items() if c.auto}
         mine = {g: o.scores.get(g, 0.0) for g in theirs}
         if mine != theirs:
@@ -258,15 +301,24 @@ def main(argv: list[str] | None = None) -> int:
         for index, low, mid, high in slowest:
             print(f"  cell {index:>3}: {low:6.2f} / {mid:6.2f} / {high:6.2f}")
         print()
-    print(f"seconds per submission, plain serial nbgrader: {plain_s / n:7.1f}")
+    print(
+        f"stalls in {n} submissions (a cell {STALL_MARGIN:.0f} s past its median, still running "
+        f"at the runner's watch, or out of time): {len(stalled)}"
+    )
+    for line in stalled:
+        print(f"  {line}")
+    if plain:
+        print(f"seconds per submission, plain serial nbgrader: {plain_s / n:7.1f}")
     print(f"seconds per submission, this grader:           {grader_s / n:7.1f}")
-    print(f"ratio (plain / grader):                        {plain_s / grader_s:7.2f}x")
+    if plain:
+        print(f"ratio (plain / grader):                        {plain_s / grader_s:7.2f}x")
     print(
         f"one worker's time per submission:              {per_worker:7.1f} s "
         f"(bare execution {bare:.1f} s: overhead {per_worker / bare - 1:+.0%}, "
         f"{per_worker - bare:+.1f} s)"
     )
-    print(f"scores identical to plain nbgrader: {'yes' if not mismatches else 'NO'}")
+    if plain:
+        print(f"scores identical to plain nbgrader: {'yes' if not mismatches else 'NO'}")
     for m in mismatches:
         print(f"  {m}")
     return 0 if not mismatches else 1

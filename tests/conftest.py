@@ -7,6 +7,10 @@ import importlib
 import json
 import os
 import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
@@ -57,6 +61,45 @@ SEED_SAMPLE = int(os.environ.get("COURSE_SEED_SAMPLE", "2"))
 
 #: Exceptions that mean a variant is broken, not wrong: its failure would teach nothing.
 BROKEN = ("NameError", "SyntaxError", "IndentationError", "ImportError", "ModuleNotFoundError")
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (for a server the test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(
+    cmd: list[str], port: int, log: Path, what: str, timeout: float, **popen
+) -> Iterator[subprocess.Popen]:
+    """Run ``cmd`` (output to ``log``) until it listens on ``port``; stop it afterwards.
+
+    Fails the test with the log's end if the server exits or does not listen within
+    ``timeout`` seconds.
+    """
+    with open(log, "w") as out:
+        server = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, **popen)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                if server.poll() is not None:
+                    pytest.fail(f"{what} exited:\n{log.read_text()[-3000:]}")
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        pytest.fail(f"{what} did not start within {timeout:.0f} s")
+                    time.sleep(0.5)
+            yield server
+        finally:
+            server.terminate()
+            try:
+                server.wait(20)
+            except subprocess.TimeoutExpired:
+                server.kill()
 
 
 def lesson_notebook(folder: Path, lesson: str) -> Path:

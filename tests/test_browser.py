@@ -19,8 +19,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from grader import REPO_ROOT
-from tests.conftest import LESSON_IDS
+from tests.conftest import LESSON_IDS, free_port, serving
 
 #: How to operate each lesson's main widget, where the default (first slider) is not it.
 WIDGET_ACTION: dict[str, str] = {"09-capstone": "button"}
@@ -61,15 +59,12 @@ def _load_run_py():
 
 def _start_lab(root: Path, instructor: bool):
     """JupyterLab on a free loopback port over ``root``, configured as ``run.py lab`` does."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     token = secrets.token_hex(16)
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env = _load_run_py().lab_env(instructor, env)
     name = "instructor" if instructor else "student"
-    log = open(root / f"jupyter-{name}.log", "w")  # noqa: SIM115 - closed below
     cmd = [
         sys.executable,
         "-m",
@@ -89,27 +84,9 @@ def _start_lab(root: Path, instructor: bool):
     ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
-    server = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"JupyterLab exited:\n{Path(log.name).read_text()[-3000:]}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("JupyterLab did not start within 120 s")
-                time.sleep(0.5)
+    log = root / f"jupyter-{name}.log"
+    with serving(cmd, port, log, "JupyterLab", 120, cwd=root, env=env):
         yield f"http://127.0.0.1:{port}", token
-    finally:
-        server.terminate()
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
 
 
 @pytest.fixture(scope="session")

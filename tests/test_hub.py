@@ -25,7 +25,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ import pytest
 
 from grader import REPO_ROOT
 from grader.hub import NODE_MIN, hub_name
+from tests.conftest import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("hub")]
 
@@ -83,12 +83,6 @@ def _prerequisites() -> None:
         _missing("bubblewrap is not installed (the sandboxed autograde)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _remove_accounts(users: list[str]) -> None:
     """Stop every process of the test's accounts (by pid) and delete them with their homes."""
     import psutil
@@ -129,7 +123,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory):
     roster = work / "roster.csv"
     roster.write_text("student_id,lms_id,name\n" + "".join(f"{s},{i},{s}\n" for i, s in
                       enumerate(roster_ids)))  # fmt: skip
-    port = _free_port()
+    port = free_port()
     log_path = state / "hub.log"
     log = open(log_path, "w")  # noqa: SIM115 - closed below
     cmd = [

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import sysconfig
-import time
 import tomllib
 import zipfile
 from pathlib import Path
@@ -27,6 +25,7 @@ import pytest
 
 from grader import REPO_ROOT
 from grader.package import build_kit
+from tests.conftest import free_port, serving
 from tests.test_browser import (
     NEWS_PROMPT,
     STUDENT_PLUGINS,
@@ -62,9 +61,7 @@ def _install(kit: Path) -> Path:
 
 def _lab(kit: Path, python: Path):
     """The kit's own launcher (``python lab.py``) on a free loopback port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     token = secrets.token_hex(16)
     here = Path(sys.prefix)
     env = dict(os.environ)
@@ -80,27 +77,8 @@ def _lab(kit: Path, python: Path):
     cmd += ["--LabApp.expose_app_in_browser=True"]
     cmd += [f"--LabApp.user_settings_dir={kit / '.settings'}"]
     cmd += [f"--LabApp.workspaces_dir={kit / '.workspaces'}"]
-    log = open(kit / "jupyter.log", "w")  # noqa: SIM115 - closed below
-    server = subprocess.Popen(cmd, cwd=kit, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"the kit's JupyterLab exited:\n{(kit / 'jupyter.log').read_text()}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the kit's JupyterLab did not start in 90 s"
-                time.sleep(0.5)
+    with serving(cmd, port, kit / "jupyter.log", "the kit's JupyterLab", 90, cwd=kit, env=env):
         yield f"http://127.0.0.1:{port}", token
-    finally:
-        server.terminate()
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
 
 
 @VIEWS

@@ -84,3 +84,28 @@ def test_student_kit_refuses_to_leak(tmp_path):
     with pytest.raises(PackageError, match="01-x.ipynb"):
         build_kit(root, tmp_path / "kit.zip")
     assert not (tmp_path / "kit.zip").exists()
+
+
+def test_benchmark_counts_every_sign_of_a_stall(tmp_path):
+    import json
+
+    from grader.benchmark import stalls
+
+    timing = tmp_path / "timing.jsonl"
+    runs = [{"cell_seconds": {"3": 1.0 + i / 10, "7": 2.0}} for i in range(5)]
+    runs[2]["cell_seconds"]["7"] = 40.0  # 38 s past the median of cell 7
+    timing.write_text("".join(json.dumps(r) + "\n" for r in runs))
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "s001.json").write_text(
+        json.dumps({"events": ["cell 9: still running after 60 s: execute_reply not received"]})
+    )
+    (results / "s002.json").write_text(json.dumps({"events": ["other"], "timeouts": ["cell 4"]}))
+    (results / "s003.json").write_text(json.dumps({"events": [], "timeouts": []}))
+    found = stalls(results, timing)
+    assert found == [
+        "cell 7: 40.0 s (median 2.0 s)",
+        "s001: cell 9: still running after 60 s: execute_reply not received",
+        "s002: ran out of time: cell 4",
+    ]
+    assert stalls(results / "none", None) == []
