@@ -181,6 +181,22 @@ def stalls(results: Path, timing: Path | None) -> list[str]:
     return found
 
 
+#: The runner's events for a cell whose execute_reply was lost (grader/runner.py, REPLY_GRACE).
+LOST_REPLY = ("its execute_reply came only after", "its execute_reply never came")
+
+
+def lost_replies(results: Path) -> list[str]:
+    """Every execute_reply the runner had to recover (the kernel idle, its reply not come), a
+    line each: a nudge brought it, or the cell was completed from iopub. Seconds each, where a
+    stall would have cost the cell's whole limit."""
+    return [
+        f"{path.stem}: {event}"
+        for path in sorted(results.glob("*.json"))
+        for event in json.loads(path.read_text()).get("events") or []
+        if any(sign in event for sign in LOST_REPLY)
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m grader.benchmark",
@@ -276,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         slowest = slow_cells(timing) if timing.is_file() else []
         worker_split = worker_split_of(course / ".grader" / args.lesson / "results")
         stalled = stalls(course / ".grader" / args.lesson / "results", timing)
+        recovered = lost_replies(course / ".grader" / args.lesson / "results")
         print(f"this grader ({args.workers} workers): {grader_s:.1f} s", flush=True)
 
     n = len(subs)
@@ -306,6 +323,12 @@ def main(argv: list[str] | None = None) -> int:
         f"at the runner's watch, or out of time): {len(stalled)}"
     )
     for line in stalled:
+        print(f"  {line}")
+    print(
+        f"execute_replies lost and recovered (the kernel idle, its reply not come within "
+        f"seconds: nudged, or completed from iopub): {len(recovered)}"
+    )
+    for line in recovered:
         print(f"  {line}")
     if plain:
         print(f"seconds per submission, plain serial nbgrader: {plain_s / n:7.1f}")

@@ -32,6 +32,15 @@ state of every thread of the kernel and of its children, read from ``/proc`` (no
 kernel is asked, so a stuck kernel answers too). Cells without an entry get it at
 :data:`STALL_DEFAULT` seconds when their limit is longer.
 
+A cell whose kernel has published ``status: idle`` for it (which follows its last output on
+iopub) but whose ``execute_reply`` has not come :data:`REPLY_GRACE` seconds later has lost its
+reply on the way (ipykernel 7 relays replies between threads over inproc sockets). The runner
+then sends a ``kernel_info_request`` on the shell channel, which makes the kernel's shell thread
+read its sockets again; if the reply still does not come within as long again, the cell is
+completed from what iopub delivered (its status ``error`` if it showed an error, else ``ok``; a
+graded test's verdict asked for again), instead of waiting out the cell's limit. Either case
+leaves one event.
+
 Before starting the kernel it makes itself non-dumpable (so a kernel running as the same user
 cannot read its memory or file descriptors through /proc or ptrace) and points fds 1 and 2 at
 /dev/null, so the kernel inherits nothing it could forge an answer on.
@@ -57,6 +66,10 @@ OBSERVATIONS_LIMIT = 24 * 1024 * 1024
 
 #: Seconds after which a cell with no calibrated ``stall_after`` is described (see above).
 STALL_DEFAULT = 60.0
+
+#: Seconds after a cell's ``status: idle`` without its ``execute_reply`` before the runner nudges
+#: the kernel's shell channel, and again before it completes the cell without the reply.
+REPLY_GRACE = 5.0
 
 #: x86-64 and aarch64 numbers of the system calls a waiting thread is usually in.
 SYSCALLS = {
@@ -311,6 +324,19 @@ async def _run(request: dict, events: list, timing: dict) -> list:
             status += f": {content.get('ename', '?')}: {str(content.get('evalue', ''))[:300]}"
         return status
 
+    async def ask(verdict: str) -> dict:
+        """A graded test's verdict, asked again where its reply (which carried it) was lost."""
+        reply = await client.kc.execute_interactive(
+            "pass",
+            silent=True,
+            store_history=False,
+            user_expressions={"verdict": verdict},
+            timeout=ANSWER_AFTER_TIMEOUT,
+            output_hook=lambda msg: None,
+            allow_stdin=False,
+        )
+        return reply["content"].get("user_expressions") or {}
+
     results = []
     dead = False
     stuck = ""  # why the kernel no longer answers, once a cell that ran out of time left it so
@@ -328,22 +354,90 @@ async def _run(request: dict, events: list, timing: dict) -> list:
         timing["prelude"] = time.monotonic() - tick
         # What the current cell's messages were, for describe_stall (a cell that runs long).
         log: list = []
+        loop = asyncio.get_running_loop()
         current: dict = {"msg_id": None, "start": 0.0, "reply": False}
+
+        def fresh_cell(started: float) -> None:
+            current.update(
+                msg_id=None,
+                start=started,
+                reply=False,
+                idle=None,  # when iopub said status: idle for the cell
+                error=False,  # whether iopub delivered an error output for it
+                nudged=None,  # when the shell channel was nudged for a missing reply
+                rescue=loop.create_future(),  # set to a reply made from iopub (see above)
+                rescued=False,
+                index=None,
+            )
+
+        fresh_cell(0.0)
 
         def logged(channel, name):
             get = channel.get_msg
 
+            async def next_msg(*args, **kwargs):
+                if name != "shell":
+                    return await get(*args, **kwargs)
+                getter = asyncio.ensure_future(get(*args, **kwargs))
+                rescue = current["rescue"]
+                await asyncio.wait({getter, rescue}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    return getter.result()
+                getter.cancel()
+                await asyncio.gather(getter, return_exceptions=True)
+                current["rescue"] = loop.create_future()  # used once
+                return rescue.result()
+
             async def get_msg(*args, **kwargs):
-                msg = await get(*args, **kwargs)
+                msg = await next_msg(*args, **kwargs)
                 if current["msg_id"] and msg["parent_header"].get("msg_id") == current["msg_id"]:
                     kind = msg["msg_type"]
                     if kind == "status":
                         kind += ":" + str(msg["content"].get("execution_state"))
+                        if kind == "status:idle":
+                            current["idle"] = time.monotonic()
+                    current["error"] = current["error"] or kind == "error"
+                    if kind == "execute_reply" and current["nudged"] and not current["reply"]:
+                        events.append(
+                            f"cell {current['index']}: its execute_reply came only after the "
+                            f"shell channel was nudged, {time.monotonic() - current['idle']:.1f} s "
+                            "after the kernel went idle"
+                        )
                     current["reply"] = current["reply"] or kind == "execute_reply"
                     log.append((time.monotonic() - current["start"], f"{name} {kind}"))
                 return msg
 
             channel.get_msg = get_msg
+
+        async def rescue_reply(index: int) -> None:
+            """Nudge, then complete, a cell whose kernel went idle without its reply (above)."""
+            while not current["reply"]:
+                await asyncio.sleep(0.25)
+                idle, now = current["idle"], time.monotonic()
+                if idle is None or current["reply"] or now - idle < REPLY_GRACE:
+                    continue
+                if current["nudged"] is None:
+                    current["nudged"] = now
+                    client.kc.kernel_info()  # any request makes the shell thread read again
+                elif now - current["nudged"] >= REPLY_GRACE:
+                    events.append(
+                        f"cell {index}: the kernel went idle {now - idle:.1f} s ago but its "
+                        "execute_reply never came (not even after a kernel_info_request on the "
+                        "shell channel): completed from its iopub messages"
+                    )
+                    status = "error" if current["error"] else "ok"
+                    current.update(rescued=True, nudged=None)
+                    current["rescue"].set_result(
+                        {
+                            "header": {"msg_type": "execute_reply", "msg_id": "grader-rescue"},
+                            "msg_type": "execute_reply",
+                            "parent_header": {"msg_id": current["msg_id"]},
+                            "metadata": {},
+                            "content": {"status": status, "user_expressions": {}},
+                            "buffers": [],
+                        }
+                    )
+                    return
 
         logged(client.kc.shell_channel, "shell")
         logged(client.kc.iopub_channel, "iopub")
@@ -402,7 +496,9 @@ async def _run(request: dict, events: list, timing: dict) -> list:
             statuses.pop(index, None)
             started = time.monotonic()
             log.clear()
-            current.update(msg_id=None, start=started, reply=False)
+            fresh_cell(started)
+            current["index"] = index
+            rescuer = asyncio.ensure_future(rescue_reply(index))
             stall = float((request.get("stall_after") or {}).get(str(index), STALL_DEFAULT))
             watchdog = None
             if stall < client.timeout:
@@ -419,6 +515,8 @@ async def _run(request: dict, events: list, timing: dict) -> list:
             try:
                 await client.async_execute_cell(cell, index)
                 status = statuses.get(index, "error")
+                if test and current["rescued"] and status == "ok":
+                    expressions[index] = await ask(asked["verdict"])
                 if test:
                     status = _test_status(status, expressions.pop(index, {}), cell.outputs)
             except CellTimeoutError:
@@ -433,6 +531,7 @@ async def _run(request: dict, events: list, timing: dict) -> list:
                 cell.outputs.append(_error(type(exc).__name__, str(exc)[:500]))
                 dead = not await client.km.is_alive()
             finally:
+                rescuer.cancel()
                 if watchdog is not None:
                     watchdog.cancel()
                 if test:

@@ -89,7 +89,7 @@ def test_student_kit_refuses_to_leak(tmp_path):
 def test_benchmark_counts_every_sign_of_a_stall(tmp_path):
     import json
 
-    from grader.benchmark import stalls
+    from grader.benchmark import lost_replies, stalls
 
     timing = tmp_path / "timing.jsonl"
     runs = [{"cell_seconds": {"3": 1.0 + i / 10, "7": 2.0}} for i in range(5)]
@@ -109,3 +109,7 @@ def test_benchmark_counts_every_sign_of_a_stall(tmp_path):
         "s002: ran out of time: cell 4",
     ]
     assert stalls(results / "none", None) == []
+    (results / "s004.json").write_text(
+        json.dumps({"events": ["cell 5: its execute_reply never came (...)", "cell 6: x"]})
+    )
+    assert lost_replies(results) == ["s004: cell 5: its execute_reply never came (...)"]
