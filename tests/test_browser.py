@@ -384,10 +384,20 @@ def test_lab_views_config_without_a_browser(tmp_path):
     other = json.loads(released.read_text())
     other["metadata"]["language_info"] = {"name": "python", "version": "2.7.18"}
     (tmp_path / "other.ipynb").write_text(json.dumps(other))
+    from nbformat.sign import MemorySignatureStore, NotebookNotary
+
     manager = manager_class(root_dir=str(tmp_path))
-    served = _run_async(manager.get("lesson.ipynb"))["content"]["metadata"]["language_info"]
+    # The default notary keeps a SQLite file in the user's data folder, usable only from the
+    # thread that opened it: both reads run in one event loop on one thread, the store in memory.
+    manager.notary = NotebookNotary(store_factory=MemorySignatureStore)
+
+    async def read_both():
+        return await manager.get("lesson.ipynb"), await manager.get("other.ipynb")
+
+    lesson, other_model = _run_async(read_both())
+    served = lesson["content"]["metadata"]["language_info"]
     assert served == IPythonKernel.language_info, served
     # A notebook saved by another Python keeps what it says (JupyterLab will show the change).
-    kept = _run_async(manager.get("other.ipynb"))["content"]["metadata"]["language_info"]
+    kept = other_model["content"]["metadata"]["language_info"]
     assert kept == {"name": "python", "version": "2.7.18"}
     assert (tmp_path / "lesson.ipynb").read_bytes() == released.read_bytes(), "file rewritten"
