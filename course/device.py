@@ -609,7 +609,7 @@ def float8_sentence(profile: DeviceProfile) -> str:
 def capstone_plan(profile: DeviceProfile) -> dict:
     """Lesson 09's choices for this device: model size, benchmark modes and batch, whether
     compile runs, and how many parity steps each 16-bit format gets (300 on a GPU; 200 where
-    the CPU or Apple GPU has it natively, 30 where it is emulated)."""
+    the CPU or Apple GPU has it natively, 20 where it is emulated)."""
     gpu = profile.kind in ("cuda", "rocm")
     compiled, _ = compile_offered(profile)
     # On a GPU every mode is listed (the benchmark says why one it cannot run is not
@@ -627,8 +627,8 @@ def capstone_plan(profile: DeviceProfile) -> dict:
         "modes": modes,
         "compile": compiled,
         "steps": {
-            "bf16": 300 if gpu else 200 if profile.native_bf16 else 30,
-            "fp16": 300 if gpu else 200 if native_fp16 else 30,
+            "bf16": 300 if gpu else 200 if profile.native_bf16 else 20,
+            "fp16": 300 if gpu else 200 if native_fp16 else 20,
         },
         "batch": 32 if gpu else 8,
     }

@@ -183,3 +183,27 @@ def test_converted_hidden_tests_are_drivers_with_judges():
             assert f'_driver("{table[gid].exercise}", _seed)' in hidden, gid
             assert hidden.rstrip().splitlines()[-2] == "_obs.done()", gid
     assert converted >= 26  # every lesson's hidden tests (01: 5, 02: 2, 03: 3, ... 09: 3)
+
+
+@pytest.mark.xdist_group("09-capstone")
+def test_capstone_parity_is_judged_against_the_seed_spread(graded):
+    """Lesson 09's parity cell runs each 16-bit format on three seeds, prints each AMP-minus-fp32
+    difference, and the spread it sets them beside is the fp32 losses' own (largest minus
+    smallest, over the seeds it printed)."""
+    text = outputs_text(graded.executed("09-capstone"))
+    row = re.compile(
+        r"seed (\d): validation loss fp32 ([\d.]+), (bf16|fp16) AMP ([\d.]+), difference (\S+)"
+    )
+    spread_line = re.compile(r"seed-to-seed spread of the fp32 validation loss (\S+);")
+    rows = row.findall(text)
+    spreads = [float(s) for s in spread_line.findall(text)]
+    assert len(spreads) == 2, text
+    for label, spread in zip(("bf16", "fp16"), spreads, strict=True):
+        mine = [r for r in rows if r[2] == label]
+        assert [int(r[0]) for r in mine] == [0, 1, 2], f"{label}: seeds {mine}"
+        fp32 = [float(r[1]) for r in mine]
+        assert spread == pytest.approx(max(fp32) - min(fp32), rel=0.01, abs=1e-5), (label, fp32)
+        assert spread > 0, f"{label}: three seeds gave one fp32 loss"
+        for _seed, f, _label, amp, diff in mine:
+            assert float(diff) == pytest.approx(float(amp) - float(f), rel=0.01, abs=1.5e-5)
+    assert re.search(r"\d[\d,]* of [\d,]+ would round to zero in float16", text), text
