@@ -24,10 +24,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-from nbformat import NotebookNode
+from typing import TYPE_CHECKING
 
 from grader.observe import MIME, ObservationError, Observations, decode
+
+if TYPE_CHECKING:  # nbformat is the grader's; a plain Python process (the GPU check) lacks it
+    from nbformat import NotebookNode
 
 JUDGES_DIR = Path(__file__).with_name("judges")
 
@@ -106,6 +108,8 @@ def judge_bundle(lesson: str | None, grade_id: str, text: str, seed: int | None)
 
 
 def _error(exc: BaseException) -> NotebookNode:
+    from nbformat import NotebookNode
+
     name = type(exc).__name__
     text = str(exc)
     return NotebookNode(output_type="error", ename=name, evalue=text, traceback=[f"{name}: {text}"])
