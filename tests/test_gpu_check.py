@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tarfile
 import time
 import zipfile
+from pathlib import Path
 
 import nbformat
 import torch
@@ -19,13 +21,36 @@ from grader import REPO_ROOT
 SCRIPT = REPO_ROOT / "scripts" / "gpu_check.py"
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
+#: What a GPU image lacks: Jupyter's packages (the carry bundle brings IPython and ipywidgets).
+JUPYTER_ONLY = ("nbformat", "nbgrader", "nbclient", "jupyter_client", "jupyter_core", "ipykernel")
+#: A ``sitecustomize`` that makes those packages fail to import in every Python process started
+#: with it on ``PYTHONPATH`` (the check's lesson processes inherit it).
+BLOCKER = f"""
+import importlib.abc, sys
+class _Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {JUPYTER_ONLY!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (hidden by the test)")
+sys.meta_path.insert(0, _Blocker())
+"""
+
+
+def run(*args: str, without_jupyter: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The check as a command; with ``without_jupyter`` (an empty folder), in processes where
+    Jupyter's packages cannot be imported, as on a GPU image."""
+    env = dict(os.environ)
+    if without_jupyter is not None:
+        (without_jupyter / "sitecustomize.py").write_text(BLOCKER)
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(without_jupyter), env.get("PYTHONPATH")])
+        )
     return subprocess.run(
         [sys.executable, str(SCRIPT), *args],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,
         timeout=900,
+        env=env,
     )
 
 
@@ -67,9 +92,11 @@ def test_rehearsal_of_an_older_torch_without_jupyter(tmp_path):
     APIs hidden, one archive holding the executed notebook and the log. (The benchmark's CPU
     path is run by test_gpu_check_runs_on_this_machine.)"""
     archive = tmp_path / "out" / "gpu_check.tar.gz"
+    blocker = tmp_path / "no-jupyter"
+    blocker.mkdir()
     proc = run(
         "--lessons", "02-loss-scaling", "--executor", "inprocess", "--hide-newer-apis",
-        "--skip-benchmark", "--archive", str(archive),
+        "--skip-benchmark", "--archive", str(archive), without_jupyter=blocker,
     )  # fmt: skip
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr[-3000:]
