@@ -480,6 +480,86 @@ def check_benchmark(report: Report, device: str, quick: bool) -> None:
             )
 
 
+def solution_functions(folder: Path) -> Path:
+    """Lesson 09's solution of ``distributed_step`` (its step, ``save_checkpoint`` and
+    ``load_checkpoint``) written out as the notebook writes a learner's: a script file for
+    ``course.gpt_train --functions``."""
+    from course.gpt_train import FUNCTIONS_HEADER
+
+    nb = json.loads((ROOT / "solutions" / "09-capstone" / "09-capstone.ipynb").read_text())
+    for cell in nb["cells"]:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "distributed_step":
+            source = "".join(cell["source"])
+            break
+    else:
+        raise RuntimeError("lesson 09 has no distributed_step cell")
+    code = "\n".join(
+        line
+        for line in source.splitlines()
+        if "### BEGIN SOLUTION" not in line and "### END SOLUTION" not in line
+    )
+    path = folder / "solution_step.py"
+    path.write_text(FUNCTIONS_HEADER + "\n\n" + code + "\n")
+    return path
+
+
+def check_resume(
+    report: Report,
+    device: str,
+    work: Path,
+    dtypes: tuple[str, ...] = ("fp16", "bf16"),
+    quick: bool = False,
+    functions: Path | None = None,
+) -> None:
+    """Lesson 09's checkpoint and resume on ``device`` (one process, ``course.gpt_train``): a
+    run stopped after step 3 and resumed from its checkpoint against one that never stopped,
+    in float16 (with the GradScaler's state) and bfloat16, with dropout (the generators' states
+    matter). Fails if the resume raises; says whether the weights came out bit for bit equal
+    (the lesson's tests check that on a CPU; on a GPU non-deterministic kernels may differ).
+    ``quick``: a one-block model of width 64 (for tests); ``functions``: another script file
+    than the solution's."""
+    folder = work / "resume"
+    folder.mkdir(parents=True, exist_ok=True)
+    functions = functions or solution_functions(folder)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    small = ["--d-model", "64", "--n-layer", "1", "--block-size", "64"] if quick else []
+    for dtype in dtypes:
+        common = [
+            sys.executable, "-m", "course.gpt_train", *small, "--functions", str(functions),
+            "--steps", "6", "--batch-size", "4", "--accum", "2", "--dropout", "0.1",
+            "--dtype", dtype, "--corpus-bytes", "200000",
+            "--backend", "auto" if device == "cuda" else "gloo",
+            "--checkpoint", str(folder / f"{dtype}.pt"),
+        ]  # fmt: skip
+        results = {}
+        for name, extra in (("unbroken", ["--save-at", "3"]), ("resumed", ["--resume"])):
+            out = folder / f"{dtype}-{name}.json"
+            done = subprocess.run(
+                [*common, *extra, "--out", str(out)], capture_output=True, text=True, env=env,
+                timeout=600, cwd=folder,
+            )  # fmt: skip
+            if done.returncode != 0 or not out.exists():
+                report.line("FAIL", f"lesson 09 resume on {device} ({dtype})",
+                            f"the {name} run failed: {done.stderr[-1500:]}")  # fmt: skip
+                break
+            results[name] = json.loads(out.read_text())
+        else:
+            a, b = results["unbroken"], results["resumed"]
+            same = a["digest"] == b["digest"]
+            tail = a["losses"][-len(b["losses"]) :]
+            worst = max((abs(x - y) for x, y in zip(tail, b["losses"], strict=True)), default=0.0)
+            detail = (
+                f"resumed at step {b['start_step']}: weights "
+                f"{'bit for bit equal' if same else 'differ'} to the unbroken run's, "
+                f"largest loss difference {worst:.3g}"
+            )
+            ok = same or device != "cpu"
+            report.line("PASS" if ok else "FAIL", f"lesson 09 resume on {device} ({dtype})", detail)
+
+
 class Tee(io.TextIOBase):
     """A stream that writes to several streams (the terminal and the log)."""
 
@@ -644,6 +724,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short benchmark (for smoke tests)")
     parser.add_argument("--skip-benchmark", action="store_true", help="do not run the benchmark")
     parser.add_argument(
+        "--skip-resume", action="store_true", help="do not check lesson 09's resume"
+    )
+    parser.add_argument(
         "--save", type=Path, metavar="DIR", help="keep each executed, graded notebook in DIR"
     )
     parser.add_argument(
@@ -781,6 +864,8 @@ def _check(args: argparse.Namespace, work: Path) -> int:
     else:
         report.line("SKIP", "CUDA autocast op lists", "needs a CUDA GPU")
     check_autocast_lists(report, "cpu", torch.bfloat16)
+    if not args.skip_resume:
+        check_resume(report, device.type, work)
     if deadline is not None and deadline - time.monotonic() < 90 and not args.skip_benchmark:
         report.line("SKIP", "lesson 09 benchmark", "less than 90 s left before --deadline")
     elif not args.skip_benchmark:

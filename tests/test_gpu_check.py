@@ -62,11 +62,12 @@ def load_script():
 
 
 def test_gpu_check_runs_on_this_machine(tmp_path):
-    proc = run("--lessons", "01-number-formats", "--quick", "--save", str(tmp_path / "kept"))
+    kept = str(tmp_path / "kept")
+    proc = run("--lessons", "01-number-formats", "--quick", "--skip-resume", "--save", kept)
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     assert "[PASS] 01-number-formats autograde" in out
-    kept = nbformat.read(tmp_path / "kept" / "01-number-formats.ipynb", as_version=4)
+    kept = nbformat.read(Path(kept) / "01-number-formats.ipynb", as_version=4)
     outputs = [o for c in kept.cells if c.cell_type == "code" for o in c.outputs]
     assert any("Running on" in o.get("text", "") for o in outputs), (
         "the executed notebook was not kept"
@@ -96,7 +97,7 @@ def test_rehearsal_of_an_older_torch_without_jupyter(tmp_path):
     blocker.mkdir()
     proc = run(
         "--lessons", "02-loss-scaling", "--executor", "inprocess", "--hide-newer-apis",
-        "--skip-benchmark", "--archive", str(archive), without_jupyter=blocker,
+        "--skip-benchmark", "--skip-resume", "--archive", str(archive), without_jupyter=blocker,
     )  # fmt: skip
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr[-3000:]
@@ -189,3 +190,20 @@ def test_a_lesson_past_the_deadline_is_stopped_and_keeps_what_it_ran(tmp_path, m
     assert report.failed == [f"{lesson} autograde"]
     assert "stopped after 10 s" in report.lines[-1]
     assert kept and "first cell ran" in kept[0].read_text()
+
+
+def test_the_resume_check_fails_a_checkpoint_without_the_generators(tmp_path):
+    """Lesson 09's resume, checked on the device: the solution's functions resume bit for bit
+    (on a CPU), and a ``load_checkpoint`` that forgets the generators' states fails (dropout
+    draws other masks after the resume)."""
+    check = load_script()
+    good = check.solution_functions(tmp_path)
+    bad = tmp_path / "forgets_rng.py"
+    text = good.read_text()
+    assert "torch.set_rng_state(" in text
+    bad.write_text(text.replace("torch.set_rng_state(", "(lambda state: None)("))
+    for functions, passed in ((good, True), (bad, False)):
+        report = check.Report()
+        check.check_resume(report, "cpu", tmp_path / functions.stem, ("bf16",), True, functions)
+        assert (not report.failed) == passed, "\n".join(report.lines)
+        assert len(report.lines) == 1 and "resumed at step 3" in report.lines[0], report.lines
