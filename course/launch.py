@@ -54,6 +54,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import warnings
@@ -726,14 +727,23 @@ def spy_on_collectives(names: Sequence[str], record: Callable[[str, tuple, dict]
 
     The functions are replaced as attributes of ``torch.distributed`` for the block (code that
     calls ``dist.all_reduce(...)`` is seen; a name imported before the block is not) and put
-    back afterwards. Introduced in lesson 06; lesson 07 watches FSDP2's collectives with it.
+    back afterwards. A spied function that calls another spied one (a deprecated name calling
+    its successor) is recorded once, by the name it was called with. Introduced in lesson 06;
+    lesson 07 watches FSDP2's collectives with it.
     """
     originals = {name: getattr(dist, name) for name in names if hasattr(dist, name)}
+    inside = threading.local()  # a spied function that calls another is recorded once
 
     def spy(name, function):
         def wrapper(*args, **kwargs):
+            if getattr(inside, "depth", 0):
+                return function(*args, **kwargs)
             record(name, args, kwargs)
-            return function(*args, **kwargs)
+            inside.depth = 1
+            try:
+                return function(*args, **kwargs)
+            finally:
+                inside.depth = 0
 
         return wrapper
 

@@ -144,8 +144,14 @@ class FSDPConfig:
 # Instruments used inside a rank
 
 #: The ``torch.distributed`` functions FSDP2 (torch 2.13) communicates with; see
-#: ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``.
+#: ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``. Older releases (torch 2.11)
+#: call them by their former names, recorded under the new ones (:data:`FORMER_NAMES`).
 FSDP_COLLECTIVES = ("all_gather_single", "reduce_scatter_single", "all_reduce")
+#: Former names of :data:`FSDP_COLLECTIVES` (deprecated in torch 2.13, which keeps them).
+FORMER_NAMES = {
+    "all_gather_into_tensor": "all_gather_single",
+    "reduce_scatter_tensor": "reduce_scatter_single",
+}
 
 
 @contextlib.contextmanager
@@ -163,9 +169,9 @@ def record_fsdp_collectives() -> Iterator[list[tuple[str, torch.dtype, int]]]:
         sent = kwargs.get("input", kwargs.get("input_tensor"))
         if sent is None:
             sent = args[1] if name != "all_reduce" and len(args) > 1 else args[0]
-        records.append((name, sent.dtype, sent.numel()))
+        records.append((FORMER_NAMES.get(name, name), sent.dtype, sent.numel()))
 
-    with spy_on_collectives(FSDP_COLLECTIVES, record):
+    with spy_on_collectives((*FSDP_COLLECTIVES, *FORMER_NAMES), record):
         yield records
 
 

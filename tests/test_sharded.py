@@ -58,6 +58,37 @@ def test_config_is_deterministic_and_has_root_parameters():
     assert as_dtype("bfloat16") is torch.bfloat16 and as_dtype(None) is None
 
 
+def _collectives_by_any_name(rank: int, world_size: int) -> list:
+    """Inside a rank: the collectives FSDP2 uses, called by torch 2.13's names and by the
+    former ones an older FSDP2 calls (deprecated in 2.13), as the recorder sees them."""
+    import warnings
+
+    import torch.distributed as dist
+
+    from course.sharded import record_fsdp_collectives
+
+    full = torch.arange(4 * world_size, dtype=torch.float32)
+    with record_fsdp_collectives() as records, warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        dist.reduce_scatter_single(torch.empty(4), full)
+        dist.reduce_scatter_tensor(torch.empty(4, dtype=torch.bfloat16), full.bfloat16())
+        dist.all_gather_into_tensor(torch.empty(4 * world_size), torch.ones(4))
+        dist.all_gather_single(torch.empty(4 * world_size), torch.ones(4))
+    return records
+
+
+def test_collectives_are_recorded_under_their_current_names():
+    """An older torch's FSDP2 (2.11) reduce-scatters with ``reduce_scatter_tensor``: recorded as
+    ``reduce_scatter_single``, once per call, so the lesson's counts hold there too."""
+    for records in launch(_collectives_by_any_name, 2, timeout=90):
+        assert records == [
+            ("reduce_scatter_single", torch.float32, 8),
+            ("reduce_scatter_single", torch.bfloat16, 8),
+            ("all_gather_single", torch.float32, 4),
+            ("all_gather_single", torch.float32, 4),
+        ]
+
+
 @pytest.mark.parametrize("reduce_dtype", [torch.float32, torch.bfloat16])
 def test_sharded_worker_records_what_fsdp_sends(reduce_dtype):
     cfg = replace(SMALL, reduce_dtype=reduce_dtype)
