@@ -36,6 +36,7 @@ import hashlib
 import importlib.metadata as md
 import io
 import json
+import linecache
 import os
 import re
 import shutil
@@ -203,9 +204,13 @@ def run_notebook(source: Path, dest: Path, hide: bool = False) -> dict[str, list
         out, err = io.StringIO(), io.StringIO()
         outputs: list[dict] = []
         failed = False
+        # As IPython does, the cell's source goes into linecache, so `inspect.getsource` finds
+        # the functions it defines (lessons 06 and 09 write a learner's function to a script).
+        filename = f"<cell {count}>"
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                exec(compile(code, f"<cell {count}>", "exec"), namespace)
+                exec(compile(code, filename, "exec"), namespace)
             except BaseException as exc:  # noqa: BLE001 - recorded in the notebook, as Jupyter does
                 failed = True
                 error = {

@@ -132,6 +132,8 @@ def test_the_plain_executor_grades_as_nbgrader_scores_a_solution(tmp_path):
         graded("assert not hasattr(F, 'scaled_mm')", "hidden", 2),
         graded("torch.backends.cuda.matmul.fp32_precision", "fp32_precision_gone", 1),
         graded("assert 1 + 1 == 2", "fine", 3),
+        nbformat.v4.new_code_cell("def f():\n    return 1"),
+        graded("import inspect\nassert inspect.getsource(f).startswith('def f')", "source", 1),
     ]
     source = tmp_path / "t.ipynb"
     nbformat.write(nb, source)
@@ -143,6 +145,7 @@ def test_the_plain_executor_grades_as_nbgrader_scores_a_solution(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert json.loads(scores.read_text()) == {
         "hidden": [2.0, 2.0], "fp32_precision_gone": [0.0, 1.0], "fine": [3.0, 3.0],
+        "source": [1.0, 1.0],
     }  # fmt: skip
     executed = json.loads(out.read_text())
     assert executed["cells"][0]["outputs"][0]["text"] == "hello\n"
