@@ -604,8 +604,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Install (pinned) and start a JupyterHub for the class: a Unix account and "
         "password per roster student and for the instructor (PAM), the students' servers from a "
         "world-readable class environment, nbgrader's exchange with the lessons released, the "
-        "student view for students and formgrader for the instructor. Re-run with a changed "
-        "roster to add and lock students (their work is kept). Passwords: .hub/passwords.csv.",
+        "student view for students and formgrader for the instructor. Roster changes take "
+        "effect when the command is run again: it adds students, locks and blocks those removed "
+        "(their work is kept) and restarts the hub (a hub running from the same --state is "
+        "stopped first). Passwords: .hub/passwords.csv.",
     )
     p.add_argument("--roster", required=True, help="CSV with a student_id column (optional "
                    "hub_user: the Unix name to use)")  # fmt: skip

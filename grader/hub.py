@@ -20,8 +20,14 @@ nbgrader's "one class, one grader" setup, installed and started by one command (
   for students and the instructor view with formgrader for the instructor.
 
 Re-running with a changed roster adds the new students and locks the accounts of those removed
-(their home folders and submissions are kept). Nothing a student or the instructor wrote is
-overwritten: files are only copied into the course directory when missing.
+(their home folders and submissions are kept), then restarts the hub: a hub started earlier from
+the same ``--state`` is stopped first (its users' servers stop; files are kept), and the new hub
+reads the new roster. A removed student is in JupyterHub's ``blocked_users``: their servers are
+stopped and their roles revoked at start, so a session cookie from before carries no permission
+(no server can be started or reached); ``allow_existing_users`` is off, so the hub's database
+does not keep them allowed.
+Nothing a student or the instructor wrote is overwritten: files are only copied into the course
+directory when missing.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import pwd
 import re
 import secrets
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -614,8 +621,40 @@ def setup(opts: HubOptions) -> dict:
         "exchange": str(opts.exchange),
         "passwords": str(state / "passwords.csv"),
     }
+    settings["removed"] = removed_users(state / "passwords.csv")
     (state / "settings.json").write_text(json.dumps(settings, indent=1) + "\n")
     return settings
+
+
+def removed_users(passwords: Path) -> list[str]:
+    """The users whose accounts the command locked (no longer on the roster): blocked on the hub."""
+    return sorted(u for u, row in _read_passwords(passwords).items() if row.get("locked"))
+
+
+def running_hub(state: Path) -> int | None:
+    """The pid of a JupyterHub started from ``state`` that still runs (its pid file), else None."""
+    try:
+        pid = int((state / "jupyterhub.pid").read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return None
+    return pid if any(part.endswith(b"jupyterhub") for part in cmdline[:2]) else None
+
+
+def stop_running_hub(state: Path, timeout: float = 120.0) -> int | None:
+    """Stop the hub started earlier from ``state`` (SIGTERM: JupyterHub stops its users' servers,
+    its services and the proxy); returns its pid, or None when none ran."""
+    pid = running_hub(state)
+    if pid is None:
+        return None
+    say(f"stopping the hub already running from {state} (pid {pid}) and its users' servers")
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while running_hub(state) == pid:
+        if time.monotonic() > deadline:
+            raise HubError(f"the running hub (pid {pid}) did not stop in {timeout:g} s")
+        time.sleep(0.5)
+    return pid
 
 
 def start(settings: dict) -> int:
@@ -632,6 +671,9 @@ def start(settings: dict) -> int:
         "-f",
         str(REPO_ROOT / "hub" / "jupyterhub_config.py"),
     ]
+    stop_running_hub(state)
+    if settings.get("removed"):
+        say(f"blocked (not on the roster): {', '.join(settings['removed'])}")
     say(f"JupyterHub at {settings['bind_url']} (passwords: {settings['passwords']})")
     say("$ " + " ".join(cmd))
     sys.stdout.flush()
@@ -646,5 +688,14 @@ def main(opts: HubOptions) -> int:
         return 2
     if opts.setup_only:
         say("set up; not started (--setup-only)")
+        if running_hub(opts.state):
+            say(
+                "a hub from this state is running: it keeps its roster until the command is run "
+                "again without --setup-only (which restarts it)"
+            )
         return 0
-    return start(settings)
+    try:
+        return start(settings)
+    except HubError as exc:
+        print(f"hub: {exc}", file=sys.stderr)
+        return 2

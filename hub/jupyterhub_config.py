@@ -29,6 +29,12 @@ c.JupyterHub.authenticator_class = "pam"
 c.PAMAuthenticator.open_sessions = False
 c.Authenticator.allowed_users = set(S["students"]) | {S["instructor"]}
 c.Authenticator.admin_users = {S["instructor"]}
+# The roster is the whole list: with allowed_users set, JupyterHub 5+ would otherwise also allow
+# every user already in its database (allow_existing_users), so a removed student would stay.
+c.Authenticator.allow_existing_users = False
+# Students removed from the roster (their accounts locked by the command): JupyterHub stops their
+# servers and revokes their roles when it starts, so an earlier session cookie opens nothing.
+c.Authenticator.blocked_users = set(S.get("removed", []))
 
 # Each user's server is a local process under their own account, started from the class
 # environment (world-readable, built from the system Python) with the view of their role.

@@ -2,17 +2,22 @@
 
 The hub command is started on a free loopback port with a two-student roster (ids that are not
 Unix names: capitals, ``@ . +``, a leading digit) and accounts made for this test (a random
-prefix; removed afterwards, even on failure). Everyone logs in through JupyterHub's PAM
-authenticator with the passwords the command set. The instructor sees lesson 01 released (the
-instructor view: formgrader); each student, in their own browser context, fetches it from the
+prefix); its class environment (``--prefix``), exchange and state are in a temporary folder.
+Accounts and folder are removed afterwards, even on failure, and the checkout's mode (which the
+command narrows) is put back. Everyone logs in through JupyterHub's PAM authenticator with the
+passwords the command set. The instructor sees lesson 01 released (formgrader) and the idle
+culler running; each student, in their own browser context, fetches the lesson from the
 Assignment List, fills in one exercise (one right, one wrong), one of them presses Validate, both
 submit. The instructor (their own Unix account, the class environment) runs ``intake
---exchange``, sandboxed ``autograde``, ``feedback`` and nbgrader's ``release_feedback``; each
-student fetches their feedback and sees their own score and messages, not the other's. Then the
-isolation: from a student's account, another student's files, the instructor's course directory
-(solutions, hidden tests, gradebook, grading key), the exchange's inbound listing and another
-user's server URL are all refused. Screenshots go to $COURSE_TEST_ARTIFACTS/screenshots
-(default test-artifacts/screenshots).
+--exchange``, ``calibrate``, sandboxed ``autograde`` (with the calibrated limits), ``feedback``
+with nbgrader's ``release_feedback`` and ``export`` (roster ids); each student fetches their
+feedback and sees their own score and messages, not the other's. Then the isolation: from a
+student's account, another student's files, the instructor's course directory (solutions, hidden
+tests, gradebook, grading key, grades), the exchange's inbound listing and another user's server
+URL are all refused. Last, the command runs again with one student removed and one added: it
+restarts the hub, the removed student's password and earlier session are refused, the added
+student logs in. Screenshots go to $COURSE_TEST_ARTIFACTS/screenshots (default
+test-artifacts/screenshots, where the hub-*.png are kept in git).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import urllib.request
 from pathlib import Path
 
 import nbformat
+import psutil
 import pytest
 
 from grader import REPO_ROOT
@@ -85,8 +91,6 @@ def _prerequisites() -> None:
 
 def _remove_accounts(users: list[str]) -> None:
     """Stop every process of the test's accounts (by pid) and delete them with their homes."""
-    import psutil
-
     uids = set()
     for user in users:
         try:
@@ -107,84 +111,112 @@ def _remove_accounts(users: list[str]) -> None:
         subprocess.run(["userdel", "--remove", "--force", user], capture_output=True)
 
 
+def _launch(cmd: list[str], log_path: Path, url: str) -> subprocess.Popen:
+    """Start the hub command (its output to ``log_path``) and wait until the hub it started says
+    it runs and answers (a hub started before may answer until the command stops it)."""
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    deadline = time.monotonic() + 600
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"the hub command exited {proc.returncode}:\n{log_path.read_text()}")
+        try:
+            if "JupyterHub is now running at" in log_path.read_text():
+                with urllib.request.urlopen(f"{url}/hub/health", timeout=2) as r:
+                    if r.status == 200:
+                        return proc
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"the hub did not answer in 600 s:\n{log_path.read_text()[-4000:]}")
+        time.sleep(1)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop a hub command (SIGTERM: JupyterHub stops the servers and the proxy)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory):
+def hub():
     _prerequisites()
     tag = "zq" + secrets.token_hex(2)
     roster_ids = ["Ada.Lovelace@uni", "2Grace+H"]
-    names = {sid: hub_name(sid, f"{tag}-") for sid in roster_ids}
+    names = {sid: hub_name(sid, f"{tag}-") for sid in [*roster_ids, "Carol.new"]}
     instructor = f"{tag}-teach"
     users = [*names.values(), instructor]
     for user in users:
         assert not re.search(r"[^a-z0-9_-]", user) and len(user) <= 32, user
+    # Everything the hub command makes for this test is in one temporary folder (the class
+    # environment, the exchange, the hub's state), removed afterwards with the accounts; the
+    # checkout's mode, which the command narrows to 0700, is put back.
     work = Path(tempfile.mkdtemp(prefix=f"{tag}-"))
-    work.chmod(0o755)  # the exchange inside must be reachable by every account
-    state = tmp_path_factory.mktemp("hubstate")
+    work.chmod(0o755)  # the class environment and the exchange must be reachable by everyone
+    state = work / "state"
+    repo_mode = REPO_ROOT.stat().st_mode & 0o7777
     roster = work / "roster.csv"
     roster.write_text("student_id,lms_id,name\n" + "".join(f"{s},{i},{s}\n" for i, s in
                       enumerate(roster_ids)))  # fmt: skip
     port = free_port()
-    log_path = state / "hub.log"
-    log = open(log_path, "w")  # noqa: SIM115 - closed below
+    url = f"http://127.0.0.1:{port}"
     cmd = [
         sys.executable, "-m", "grader", "hub", "--roster", str(roster), "--instructor",
         instructor, "--user-prefix", f"{tag}-", "--port", str(port), "--lesson", LESSON,
-        "--exchange", str(work / "exchange"), "--state", str(state), "--cull-timeout", "900",
+        "--prefix", str(work / "class-env"), "--exchange", str(work / "exchange"),
+        "--state", str(state), "--cull-timeout", "900",
     ]  # fmt: skip
-    env = dict(os.environ)
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    url = f"http://127.0.0.1:{port}"
+    logs = work / "logs"
+    logs.mkdir()
+    hub = {
+        "url": url,
+        "names": names,
+        "instructor": instructor,
+        "roster": roster,
+        "cmd": cmd,
+        "logs": logs,
+        "log": logs / "hub.log",
+        "procs": [],
+        "sessions": {},
+    }
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the hub command exited {proc.returncode}:\n{log_path.read_text()}")
-            try:
-                with urllib.request.urlopen(f"{url}/hub/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the hub did not answer in 600 s:\n{log_path.read_text()[-4000:]}")
-            time.sleep(1)
+        started = time.monotonic()
+        hub["procs"].append(_launch(cmd, hub["log"], url))
         TIMES["hub command to a working hub"] = time.monotonic() - started
         print(f"hub up in {TIMES['hub command to a working hub']:.1f} s")
         settings = json.loads((state / "settings.json").read_text())
         with open(settings["passwords"], newline="") as fh:
             passwords = {r["hub_user"]: r["password"] for r in csv.DictReader(fh)}
-        yield {
-            "url": url,
-            "names": names,
-            "instructor": instructor,
-            "passwords": passwords,
-            "settings": settings,
-            "course": Path(settings["course"]),
-            "exchange": Path(settings["exchange"]),
-            "prefix": Path(settings["prefix"]),
-            "log": log_path,
-            "roster": roster,
-            "cmd": cmd,
-        }
+        hub.update(
+            passwords=passwords,
+            settings=settings,
+            course=Path(settings["course"]),
+            exchange=Path(settings["exchange"]),
+            prefix=Path(settings["prefix"]),
+        )
+        assert hub["prefix"] == work / "class-env"
+        yield hub
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # JupyterHub stops the servers and the proxy
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        log.close()
+        for proc in hub["procs"]:
+            _stop(proc)
         kept = Path(os.environ.get("COURSE_TEST_ARTIFACTS") or REPO_ROOT / "test-artifacts")
         kept.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(log_path, kept / "hub.log")
-        print(f"the hub's log: {kept / 'hub.log'}")
+        for log in logs.glob("*.log"):
+            shutil.copy2(log, kept / log.name)
+        print(f"the hub's logs: {kept}/hub*.log")
         _remove_accounts(users)
         shutil.rmtree(work, ignore_errors=True)
+        REPO_ROOT.chmod(repo_mode)
         print("times:", json.dumps({k: round(v, 1) for k, v in TIMES.items()}))
 
 
@@ -289,8 +321,24 @@ def test_a_class_on_jupyterhub(hub, browser, shots):
     released = hub["exchange"] / "mixed-precision" / "outbound" / LESSON / f"{LESSON}.ipynb"
     assert released.is_file()
     t_page.goto(f"{url}/user/{teacher}/formgrader")
-    t_page.locator("tr", has_text=LESSON).first.wait_for(timeout=60_000)
+    row = t_page.locator("tr", has_text=LESSON).first
+    row.wait_for(timeout=60_000)
+    # formgrader's status label: "released" (from the exchange's outbound/), not "draft"
+    row.locator(".label", has_text="released").wait_for(timeout=30_000)
+    assert row.locator(".label").inner_text().strip() == "released"
     t_page.screenshot(path=str(shots / "hub-instructor-formgrader.png"))
+    # The idle culler runs as a hub service with a working token: its process is alive and its
+    # first request to the users API was answered.
+    services = t_ctx.request.get(f"{url}/hub/api/services").json()
+    culler = services["idle-culler"]
+    assert culler["pid"] and "--timeout=900" in culler["command"], culler
+    cmdline = Path(f"/proc/{culler['pid']}/cmdline").read_bytes().split(b"\0")
+    assert b"jupyterhub_idle_culler" in cmdline, cmdline
+    answered = re.compile(r"200 GET /hub/api/users\S* \(idle-culler@")
+    deadline = time.monotonic() + 30
+    while not answered.search(hub["log"].read_text()):
+        assert time.monotonic() < deadline, "the idle culler's request is not in the hub's log"
+        time.sleep(1)
     _phase("instructor: login, server, formgrader")
 
     # Two students, each in their own browser context: fetch, fill in, (Validate), submit.
@@ -346,9 +394,23 @@ def test_a_class_on_jupyterhub(hub, browser, shots):
     assert "Ada.Lovelace@uni" in intake.stdout and "2Grace+H" in intake.stdout
     course = hub["course"]
     assert (course / "submitted" / "Ada.Lovelace@uni" / LESSON / f"{LESSON}.ipynb").is_file()
-    _grader(hub, "autograde", LESSON, "--no-progress", "--workers", "2", "--cell-timeout", "300")
+    _phase("instructor: intake")
+    # Per-cell limits measured from the solution on this machine, then used by autograde.
+    _grader(hub, "calibrate", LESSON, "--workers", "2")
+    assert (course / ".grader" / LESSON / "calibration.json").is_file()
+    _phase("instructor: calibrate")
+    graded = _grader(hub, "autograde", LESSON, "--no-progress", "--workers", "2")
+    assert f"calibrated limits from {course / '.grader' / LESSON / 'calibration.json'}" in (
+        graded.stderr
+    ), graded.stderr
+    _phase("instructor: autograde")
     _grader(hub, "feedback", LESSON, "--deliver", "exchange")
-    _phase("instructor: intake, autograde, feedback")
+    _phase("instructor: feedback")
+    # The grades go out under the roster's ids, not the hub's Unix names.
+    _grader(hub, "export", "--lesson", LESSON, "--out", "grades.csv")
+    with open(course / "grades.csv", newline="") as fh:
+        totals = {r["student_id"]: float(r["total"]) for r in csv.DictReader(fh)}
+    assert totals == {"Ada.Lovelace@uni": 2.0, "2Grace+H": 0.0}, totals
     assert list((hub["exchange"] / "mixed-precision" / "feedback").glob("*.html"))
 
     pages = {}
@@ -381,12 +443,15 @@ def test_a_class_on_jupyterhub(hub, browser, shots):
     # Isolation, from a student's account.
     other_nb = Path(pwd.getpwnam(grace).pw_dir) / LESSON / f"{LESSON}.ipynb"
     assert other_nb.is_file()
+    keys = list(course.glob(".grading-key*"))
+    assert keys, "autograde made the course's grading key"
     secrets_of_course = [
         course / "solutions" / LESSON / f"{LESSON}.ipynb",
         course / "gradebook.db",
         course / "submitted" / "2Grace+H" / LESSON / f"{LESSON}.ipynb",
         course / "grader" / "judges",
-        *[p for p in course.glob(".grading-key*")],
+        course / "grades.csv",
+        *keys,
         REPO_ROOT / "solutions" / LESSON / f"{LESSON}.ipynb",
     ]
     for path in [other_nb, *secrets_of_course]:
@@ -405,38 +470,82 @@ def test_a_class_on_jupyterhub(hub, browser, shots):
     assert resp.status in (302, 403) and "fp16_bits" not in resp.text(), resp.status
     assert ada_ctx.request.get(f"{url}/user/{ada}/api/contents").status == 200
 
+    # The sessions the roster-change test tries again after the hub's restart.
+    for user, ctx in ((ada, ada_ctx), (grace, students[grace][0]), (teacher, t_ctx)):
+        assert ctx.request.get(f"{url}/hub/api/user").json()["scopes"], user
+        hub["sessions"][user] = ctx.storage_state()
     for ctx in [t_ctx, *(c for c, _ in students.values())]:
         ctx.close()
 
 
-def test_a_changed_roster_adds_and_locks_students_keeping_their_work(hub):
-    """The command again (setup only) with a changed roster: one added, one removed (locked)."""
-    grace = hub["names"]["2Grace+H"]
+def _login(browser, hub, user: str, password: str):
+    """POST the hub's login form (PAM) without following the redirect (no server is started);
+    returns the response's status and the context holding the session cookie, if any."""
+    ctx = browser.new_context()
+    form = ctx.request.get(f"{hub['url']}/hub/login").text()
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', form).group(1)
+    resp = ctx.request.post(
+        f"{hub['url']}/hub/login",
+        form={"_xsrf": xsrf, "username": user, "password": password},
+        max_redirects=0,
+    )
+    return resp.status, ctx
+
+
+def test_a_changed_roster_restarts_the_hub_blocking_the_removed_student(hub, browser):
+    """The command again with a changed roster: one student added, one removed. It stops the
+    running hub and starts it with the new roster; the removed student's account is locked, their
+    work kept, their earlier session opens nothing; the added student can log in."""
+    url, names, teacher = hub["url"], hub["names"], hub["instructor"]
+    ada, grace, carol = names["Ada.Lovelace@uni"], names["2Grace+H"], names["Carol.new"]
+    assert set(hub["sessions"]) == {ada, grace, teacher}, "the class test ran first"
     roster = hub["roster"].with_name("roster2.csv")
     roster.write_text("student_id,lms_id\nAda.Lovelace@uni,0\nCarol.new,2\n")
     cmd = [c if c != str(hub["roster"]) else str(roster) for c in hub["cmd"]]
-    carol = hub_name("Carol.new", cmd[cmd.index("--user-prefix") + 1])
-    env = dict(os.environ)
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    try:
-        proc = subprocess.run(
-            [*cmd, "--setup-only"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-            timeout=600,
-        )  # fmt: skip
-        print(proc.stdout, proc.stderr)
-        assert proc.returncode == 0, proc.stderr
-        assert f"accounts created: {carol}" in proc.stdout
-        assert f"accounts locked: {grace}" in proc.stdout
-        shadow = subprocess.run(["passwd", "--status", grace], capture_output=True, text=True)
-        assert shadow.stdout.split()[1] == "L", shadow.stdout
-        home = Path(pwd.getpwnam(grace).pw_dir)
-        assert (home / LESSON / f"{LESSON}.ipynb").is_file(), "the removed student's work is kept"
-        nb = nbformat.read(home / LESSON / f"{LESSON}.ipynb", 4)
-        assert any("0x1FF" in c.source for c in nb.cells)
-        users = (hub["course"] / "hub-users.csv").read_text()
-        assert f"Carol.new,{carol}" in users and f"2Grace+H,{grace}" in users
-    finally:
-        _remove_accounts([carol])
+    first = hub["procs"][-1]
+    log = hub["logs"] / "hub-restarted.log"
+    started = time.monotonic()
+    hub["procs"].append(_launch(cmd, log, url))
+    TIMES["roster change: command to a restarted hub"] = time.monotonic() - started
+    first.wait(60)  # the first command ends with the hub it started
+    out = log.read_text()
+    assert f"accounts created: {carol}" in out and f"accounts locked: {grace}" in out, out[:3000]
+    assert "stopping the hub already running" in out, out[:3000]
+    assert f"blocked (not on the roster): {grace}" in out, out[:3000]
+    assert f"Removing blocked user {grace} from roles: user" in out
+
+    # The removed student: no password login (PAM: locked), and the session cookie from before
+    # the restart still names her but carries no permission: no server can be started or opened.
+    status, _ = _login(browser, hub, grace, hub["passwords"][grace])
+    assert status == 403, status
+    old = browser.new_context(storage_state=hub["sessions"][grace])
+    me = old.request.get(f"{url}/hub/api/user")
+    assert me.status == 200 and me.json()["name"] == grace and me.json()["scopes"] == [], me.text()
+    assert old.request.get(f"{url}/hub/spawn", max_redirects=0).status == 403
+    assert old.request.get(f"{url}/hub/api/users/{grace}").status == 403
+    resp = old.request.get(f"{url}/user/{grace}/api/contents", max_redirects=0)
+    assert resp.status != 200 and "fp16_bits" not in resp.text(), resp.status
+    old.close()
+    uid = pwd.getpwnam(grace).pw_uid
+    assert not [p for p in psutil.process_iter(["uids"]) if p.info["uids"].real == uid]
+    # The added student logs in; the student who stayed keeps her session.
+    with open(hub["settings"]["passwords"], newline="") as fh:
+        passwords = {r["hub_user"]: r["password"] for r in csv.DictReader(fh)}
+    status, ctx = _login(browser, hub, carol, passwords[carol])
+    assert status == 302, status
+    assert ctx.request.get(f"{url}/hub/api/user").json()["name"] == carol
+    ctx.close()
+    kept = browser.new_context(storage_state=hub["sessions"][ada])
+    assert kept.request.get(f"{url}/hub/api/user").json()["scopes"]
+    kept.close()
+
+    shadow = subprocess.run(["passwd", "--status", grace], capture_output=True, text=True)
+    assert shadow.stdout.split()[1] == "L", shadow.stdout
+    home = Path(pwd.getpwnam(grace).pw_dir)
+    nb = nbformat.read(home / LESSON / f"{LESSON}.ipynb", 4)
+    assert any("0x1FF" in c.source for c in nb.cells), "the removed student's work is kept"
+    users = (hub["course"] / "hub-users.csv").read_text()
+    assert f"Carol.new,{carol}" in users and f"2Grace+H,{grace}" in users
 
 
 # Without a hub: the name map, intake through it, and the Kubernetes files as far as this machine
@@ -484,6 +593,81 @@ def test_intake_maps_hub_users_back_to_roster_ids(tmp_path):
     assert idents["Ada.Lovelace@uni"]["lms_id"] == names["Ada.Lovelace@uni"]
     write_users_file(root / "hub-users.csv", {"carol": "carol"})  # a later roster keeps the rows
     assert "Ada.Lovelace@uni" in (root / "hub-users.csv").read_text()
+
+
+def _as_root_with_no_setup(monkeypatch, after: str) -> None:
+    """Pretend to be root for the command's checks; ``after`` (a grader.hub function the
+    command calls once the check under test has passed) fails the test instead of running."""
+    import grader.hub
+
+    def reached(*args, **kwargs):
+        raise AssertionError(f"the command went on to {after}: the check did not refuse")
+
+    monkeypatch.setattr(grader.hub.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(grader.hub, after, reached)
+
+
+def test_an_old_node_is_refused_with_what_to_install(tmp_path, monkeypatch, capsys):
+    from grader.cli import main
+
+    for tool, out in (("node", "v18.19.0"), ("npm", "9.2.0")):
+        (tmp_path / tool).write_text(f"#!/bin/sh\necho {out}\n")
+        (tmp_path / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    _as_root_with_no_setup(monkeypatch, "read_hub_roster")
+    code = main(["hub", "--roster", str(tmp_path / "roster.csv"), "--state", str(tmp_path / "s")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"node v18.19.0 at {tmp_path / 'node'} is too old" in err, err
+    assert f"needs Node.js >= {NODE_MIN} and npm" in err and "Debian 12's own" in err, err
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("given", [[], ["--ssl-cert", "c.pem"], ["--ssl-key", "k.pem"]])
+def test_public_without_a_certificate_and_key_is_refused(tmp_path, monkeypatch, capsys, given):
+    from grader.cli import main
+
+    _as_root_with_no_setup(monkeypatch, "check_node")
+    code = main(["hub", "--roster", "roster.csv", "--public", "--state", str(tmp_path), *given])
+    err = capsys.readouterr().err
+    assert (
+        code == 2 and "--public serves the class over HTTPS: give --ssl-cert and --ssl-key" in err
+    )
+
+
+def test_the_hub_config_allows_the_roster_only_and_blocks_removed_students(tmp_path, monkeypatch):
+    """hub/jupyterhub_config.py read as JupyterHub reads it, with the command's settings."""
+    from traitlets.config import Config
+
+    settings = {
+        "bind_url": "http://127.0.0.1:8000", "hub_port": 1, "proxy_api_port": 2, "proxy": "chp",
+        "state": str(tmp_path), "prefix": "/opt/x", "students": ["ann", "bob"],
+        "instructor": "teach", "views": {}, "mem_limit": "4G", "cull_timeout": 60,
+        "course": "/home/teach/mixed-precision", "removed": ["grace"],
+    }  # fmt: skip
+    (tmp_path / "settings.json").write_text(json.dumps(settings))
+    monkeypatch.setenv("COURSE_HUB_SETTINGS", str(tmp_path / "settings.json"))
+    c = Config()
+    path = REPO_ROOT / "hub" / "jupyterhub_config.py"
+    exec(compile(path.read_text(), str(path), "exec"), {"get_config": lambda: c})
+    auth = c.Authenticator
+    assert auth.allowed_users == {"ann", "bob", "teach"} and auth.admin_users == {"teach"}
+    assert auth.allow_existing_users is False, "the hub's database must not keep users allowed"
+    assert auth.blocked_users == {"grace"}
+    (culler,) = c.JupyterHub.services
+    assert "--timeout=60" in culler["command"]
+
+
+def test_a_pid_file_naming_another_program_is_not_taken_for_a_running_hub(tmp_path):
+    from grader.hub import removed_users, running_hub, stop_running_hub
+
+    assert running_hub(tmp_path) is None
+    (tmp_path / "jupyterhub.pid").write_text(f"{os.getpid()}\n")  # this pytest, not a hub
+    assert running_hub(tmp_path) is None and stop_running_hub(tmp_path) is None
+    (tmp_path / "passwords.csv").write_text(
+        "student_id,hub_user,password,locked\na,ann,x,\nb,bob,y,yes\n"
+    )
+    assert removed_users(tmp_path / "passwords.csv") == ["bob"]
 
 
 def test_the_kubernetes_values_mount_one_shared_exchange_and_limit_memory():
