@@ -43,13 +43,13 @@ Where fork() cannot be used (CUDA initialised in the kernel: a child cannot use 
 steps run in the kernel itself, and a test is refused (``GraderRefused``, a status in the CSV)
 while a thread started by the notebook is still alive after a two-second grace.
 
-Converted hidden tests (lesson 01's; see :mod:`grader.observe` and :mod:`grader.judge`) are
+Hidden tests (every lesson's, all nine; see :mod:`grader.observe` and :mod:`grader.judge`) are
 drivers: the test cell's globals get ``__grader_driver__``, an observer made here from
 :data:`grader.observe.OBSERVER`, through which the driver records what the student's functions
 return; the observations are published after the test's own outputs as one display output, and
-the judge compares them with its reference in the grader's own process, outside the sandbox. For
-those tests nothing secret is ever in this process: no reference, expected value or hidden-test
-source, whether the test runs in a fork or (CUDA) in the kernel itself. Forging or spoiling the
+the judge compares them with its reference in the grader's own process, outside the sandbox. So
+nothing secret is ever in this process: no reference, expected value or hidden-test source,
+whether the test runs in a fork or (CUDA) in the kernel itself. Forging or spoiling the
 observations gains nothing: they are read as plain data (``torch.load(weights_only=True)``), the
 judge rebuilds the inputs from the seed it derives itself, and two sets of observations fail.
 That holds in memory everywhere; against reading the judges' files it relies on the sandbox,
@@ -58,10 +58,10 @@ the fork, student code can read any file the grader's user can, the judges inclu
 
 What this cannot stop: everything here lives in the student's own process. Code that finds the
 grader's function (it is stored under a random name, but Python lets one enumerate everything),
-rewrites ipykernel's messaging so that a failed visible test is reported ``ok``, or, in a hidden
-test not yet converted (lessons 02-09), inspects the calling test's frame (``sys._getframe``) or
-the garbage collector to call its reference is not prevented; :mod:`grader.scan` flags such code
-for a human. Student code that the test itself calls runs during the test, as it must.
+rewrites ipykernel's messaging so that a failed visible test is reported ``ok`` is not prevented;
+:mod:`grader.scan` flags such code for a human. (Inspecting the calling test's frame or the
+garbage collector finds no reference to call: every lesson's hidden tests keep theirs in the
+judges.) Student code that the test itself calls runs during the test, as it must.
 """
 
 from __future__ import annotations
