@@ -736,11 +736,18 @@ def setup(
     ``needs`` names what the lesson needs of its device (:data:`NEEDS`); on a device that lacks
     one (MPS has no float64 or float8) the lesson runs on the CPU and says so. A lesson that
     declares nothing is assumed to need everything. Also turns torch's deprecation warnings into
-    errors, so the lessons stay on current APIs (``torch.amp.*`` rather than the old
-    ``torch.cuda.amp.*`` spelling). Introduced in lesson 01.
+    errors where the notebook's own code or the course's calls a deprecated API, so the lessons
+    stay on current APIs (``torch.amp.*`` rather than the old ``torch.cuda.amp.*`` spelling);
+    torch's warnings about its own internals (``torch.compile`` imports modules that use the
+    deprecated ``torch.jit.script_method``) stay warnings. Introduced in lesson 01.
     """
     for category in (FutureWarning, DeprecationWarning):
-        warnings.filterwarnings("error", message=r"(?s).*torch\..*deprecated", category=category)
+        warnings.filterwarnings(
+            "error",
+            message=r"(?s).*torch\..*deprecated",
+            category=category,
+            module=r"__main__|course(\..*)?",
+        )
     seed_everything(seed)
     found = pick_device(device)
     machine = DeviceProfile.of(found)
