@@ -421,9 +421,13 @@ def torch_source_lines(obj: object, *needles: str, context: int = 0) -> str:
     """
     obj = inspect.unwrap(obj)  # decorated functions: the decorated function's own file
     lines, first = inspect.getsourcelines(obj)
-    path = Path(inspect.getsourcefile(obj) or "?")
-    parts = path.parts
-    shown = "/".join(parts[parts.index("torch") :]) if "torch" in parts else path.name
+    path = Path(inspect.getsourcefile(obj) or "?").resolve()
+    package = Path(torch.__file__).resolve().parent  # .../site-packages/torch
+    shown = (
+        "torch/" + path.relative_to(package).as_posix()
+        if path.is_relative_to(package)
+        else path.name
+    )
     keep: set[int] = set()
     for i, line in enumerate(lines):
         if any(n in line for n in needles):

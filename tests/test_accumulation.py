@@ -263,6 +263,20 @@ def test_torch_source_lines_quotes_the_installed_release():
         torch_source_lines(torch.optim.lr_scheduler.LRScheduler.step, "no such text here")
 
 
+def test_torch_source_lines_names_the_file_inside_the_torch_package(monkeypatch):
+    """A torch installed under a folder that is itself named ``torch`` (a GPU image keeps its
+    environment in /opt/torch/.venv): the path shown starts at the package, not that folder."""
+    import inspect
+
+    import course.accumulation as A
+
+    root = "/opt/torch/.venv/lib/python3.12/site-packages/torch"
+    monkeypatch.setattr(torch, "__file__", f"{root}/__init__.py")
+    monkeypatch.setattr(inspect, "getsourcefile", lambda obj: f"{root}/optim/lr_scheduler.py")
+    text = A.torch_source_lines(torch.optim.lr_scheduler.LRScheduler.step, "_opt_called")
+    assert text.startswith("torch/optim/lr_scheduler.py:"), text
+
+
 def test_fsdp2_accumulation_sums_in_the_reduce_dtype_or_param_dtype():
     from course.accumulation import FSDP2_SETTINGS, fsdp2_accumulation
 
