@@ -554,11 +554,12 @@ def _supervise(procs: list[Any], folder: Path, world_size: int, timeout: float) 
                 break
             running = sorted(pending.values())
             raise LaunchTimeout(
-                f"rank(s) {running} of {world_size} had not finished after {now - start:.0f} s "
+                f"rank(s) {running} of {world_size} had not finished after {now - start:.1f} s "
                 f"(a timeout of {timeout:g} s of CPU time available to them), so every rank "
                 "was killed. A rank that waits in a collective (all_reduce, barrier, DDP's "
-                "backward) for a peer that never joins it waits forever: check that every rank "
-                "makes the same collective calls in the same order."
+                "backward) for a peer that never joins it waits until the process group's "
+                "timeout (30 minutes by default): check that every rank makes the same "
+                "collective calls in the same order."
             )
         wait_for = min(max(timeout - used, 0.0), 0.25)
         if failed_at is not None:
