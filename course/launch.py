@@ -67,6 +67,7 @@ from typing import Any
 import cloudpickle
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
 from course.device import DeviceProfile, dist_backend, start_method
 
@@ -558,8 +559,8 @@ def _supervise(procs: list[Any], folder: Path, world_size: int, timeout: float) 
                 f"(a timeout of {timeout:g} s of CPU time available to them), so every rank "
                 "was killed. A rank that waits in a collective (all_reduce, barrier, DDP's "
                 "backward) for a peer that never joins it waits until the process group's "
-                "timeout (30 minutes by default): check that every rank makes the same "
-                "collective calls in the same order."
+                f"timeout (gloo's default: {default_pg_timeout}): check that every rank makes "
+                "the same collective calls in the same order."
             )
         wait_for = min(max(timeout - used, 0.0), 0.25)
         if failed_at is not None:
