@@ -4,6 +4,7 @@ lesson's own inf check and byte count (its notebook's cells, run here), the widg
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import replace
 
 import matplotlib
@@ -23,7 +24,16 @@ from course.sharded import (
     sharded_worker,
     single_process_run,
 )
-from grader.judges.l07_sharded import measure_memory, memory_worker
+from grader.judges.l07_sharded import (
+    SPLIT_SIZES,
+    _unit_bytes,
+    fsdp_configs,
+    maxima_split,
+    measure_memory,
+    memory_candidates,
+    memory_worker,
+    split_hiddens,
+)
 from tests.conftest import SOLUTIONS, lesson_notebook
 
 matplotlib.use("Agg")
@@ -158,6 +168,12 @@ def test_memory_counts_partition_the_model(world_size):
     page = launch(_page()["rank_bytes"], world_size, (SMALL,), timeout=90)
     for own, graders in zip(page, ranks, strict=True):
         assert {k: own[k] for k in graders} == graders
+    # the memory under the views: parameters and gradients padded to rank 0's shard on every
+    # rank, the optimizer state allocated at the view's size
+    for r in page:
+        assert r["storage"]["params"] == r["storage"]["grads"] == page[0]["params"]
+        assert r["storage"]["optimizer"] == r["optimizer"]
+    assert page[-1]["params"] < page[0]["params"]  # 5 head rows: 2, 2, 1 on 3 ranks
     rows = (-(-SMALL.n_out // world_size), SMALL.width)
     assert page[0]["head_state"] == {
         "step": ("float32", ()),
@@ -192,6 +208,43 @@ def test_backward_peak_and_mixed_unit_dtypes(reduce_dtype):
     assert r0["peaks"] == [peaks[2], peaks[1], peaks[0]]
     assert r0["backward_peak"] == max(peaks)
     assert r0["gathered"] == max(sum(p.numel() * p.element_size() for p in u) for u in units)
+
+
+def test_hidden_memory_case_splits_the_largest_units():
+    """shard_memory's last hidden case: for every size it draws, some block widths give one unit
+    the largest gathered copy and another the largest backward peak; on the models drawn, the
+    unit with the most parameters, or the unit with the largest gathered copy, taken for "the
+    largest unit", gets a count wrong."""
+    bf16, f32 = torch.bfloat16, torch.float32
+    for n_in, width, n_out in itertools.product(*SPLIT_SIZES):
+        for root, block in ((f32, bf16), (bf16, f32)):
+            for reduce_dtype, ws in itertools.product((bf16, f32), (2, 3)):
+                found = split_hiddens(n_in, width, n_out, root, block, reduce_dtype, ws)
+                assert len(found) >= 3, (n_in, width, n_out, root, reduce_dtype, ws)
+    same = FSDPConfig(n_in=40, width=16, hidden=16, depth=1, unit_dtypes=(f32, f32))
+    assert not maxima_split(same, 2, None, f32)  # one dtype: the largest unit is both
+    for seed in range(40):
+        cases = memory_candidates(seed)
+        assert [len(c) for c in cases] == [24, 24, 24, 24, 1]
+        cfg, ws, pd, rd, _ = cases[-1][0]
+        assert pd is None and rd is not None and len(set(cfg.unit_dtypes)) == 2
+        assert maxima_split(cfg, ws, pd, rd)
+        sizes = _unit_bytes(cfg, ws, pd, rd)
+        model = cfg.make_model()
+        numel = [sum(p.numel() for n, p in model.named_parameters() if not n.startswith("b"))]
+        numel += [sum(p.numel() for p in b.parameters()) for b in model.blocks]
+        right = (max(s[0] for s in sizes), max(s[1] for s in sizes))
+        most = sizes[numel.index(max(numel))]
+        largest_copy = max(sizes, key=lambda s: s[0])
+        assert most != right and largest_copy[1] != right[1]
+
+
+def test_hidden_weight_decays_are_never_adamws_default():
+    decays = {cfg.weight_decay for seed in range(50) for cfg in fsdp_configs(seed)}
+    assert decays and not decays & {
+        0.0,
+        torch.optim.AdamW([torch.zeros(1)]).defaults["weight_decay"],
+    }
 
 
 def test_memory_with_sgd_and_float32_compute():

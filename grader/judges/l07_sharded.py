@@ -62,13 +62,18 @@ FSDP_OPTIONS = {
     "steps": [3, 4],
     "global_batch": [8, 12, 16],
     "lr": [3e-3, 1e-2, 3e-2],
-    "weight_decay": [0.0, 0.01],
+    # Never AdamW's default (0.01) nor 0: an AdamW built by hand without weight_decay, or an
+    # optimizer without decay, loses on every draw (decoupled decay scales the weights by
+    # 1 - lr * wd per step: 3 steps at the smallest lr with 0.03 instead of 0.01 differ by
+    # 1.8e-4 of each weight, far beyond the comparison's rtol of 1e-5).
+    "weight_decay": [0.03, 0.1],
 }
 
 
 def fsdp_configs(seed: int) -> list[FSDPConfig]:
     """The driver's three configs: both reduce dtypes in every draw (and a bfloat16 reduction
-    of bfloat16 compute), so neither can be hard-coded."""
+    of bfloat16 compute), so neither can be hard-coded; weight decays that are not AdamW's
+    default."""
     gen = torch.Generator().manual_seed(seed)
     dtypes = [
         (torch.bfloat16, torch.float32),
@@ -179,6 +184,15 @@ def _check_fsdp_run(ranks: list[dict], cfg: FSDPConfig, what: str) -> None:
             f"{what}: rank {rank}'s gradients were reduce-scattered in {wrong}, the config asks "
             f"reduce_dtype={cfg.reduce_dtype} (MixedPrecisionPolicy's reduce_dtype defaults to "
             "the param_dtype)",
+        )
+        gathered = {str(d) for name, d, _ in run["sent"] if name == "all_gather_single"}
+        want = cfg.param_dtype or torch.float32
+        check(
+            gathered == {str(want)},
+            f"{what}: rank {rank}'s model all-gathered its parameters in {sorted(gathered)}, the "
+            f"config asks param_dtype={cfg.param_dtype}: with MixedPrecisionPolicy's param_dtype "
+            "each rank casts its shard before the all-gather (torch.autocast instead casts "
+            "after a float32 all-gather, twice the bytes)",
         )
     for key in shapes:
         check(
@@ -312,12 +326,14 @@ HINTS = {
     "gradient back to the parameter's dtype, whatever reduce_dtype is)",
     "optimizer": "AdamW: 2 tensors of the shard's size in the parameter's dtype + a 4-byte step "
     "per parameter; SGD with momentum: 1 tensor of the shard's size",
-    "gathered": "the largest unit (a block, or the root's parameters outside the blocks), full "
-    "size, in policy.param_dtype (the parameters' own dtype when it is None)",
-    "backward_peak": "the largest unit's unsharded gradients (full size, in the gathered copy's "
-    "dtype) plus its reduce-scatter input (every parameter padded to "
-    "ceil(rows / world_size) * world_size rows, in policy.reduce_dtype, the "
-    "gradients' dtype when it is None)",
+    "gathered": "the largest of the units' gathered copies (a unit: a block, or the root's "
+    "parameters outside the blocks), each its full parameters in policy.param_dtype "
+    "(the unit's own dtype when it is None)",
+    "backward_peak": "the largest of the units' backward peaks, each unit's own: its unsharded "
+    "gradients (full size, in its gathered copy's dtype) plus its reduce-scatter "
+    "input (every parameter padded to ceil(rows / world_size) * world_size rows, "
+    "in policy.reduce_dtype, the gradients' dtype when it is None); not "
+    "necessarily the peak of the unit with the largest gathered copy",
 }
 
 #: Candidate draws the driver asks shard_memory about per case. The judge checks the first one
@@ -327,13 +343,15 @@ HINTS = {
 MEMORY_CANDIDATES = 24
 #: One case per world size; the last has no policy dtypes (param_dtype and reduce_dtype None:
 #: each unit gathers and reduces in its own dtype), a bfloat16 root and a float32 block, so a
-#: count that takes float32 for a None is wrong there.
+#: count that takes float32 for a None is wrong there. A fifth case follows them (see
+#: :func:`split_hiddens`).
 MEMORY_WORLD_SIZES = (2, 2, 3, 2)
 
 
 def memory_candidates(seed: int) -> list[list[tuple[FSDPConfig, int, Any, Any, str]]]:
     """Per case, the driver's candidate draws ``(config, world_size, param_dtype,
-    reduce_dtype, optimizer)`` (the config with the default policy dtypes, as drawn)."""
+    reduce_dtype, optimizer)`` (the config with the default policy dtypes, as drawn): 24 for
+    each of :data:`MEMORY_WORLD_SIZES`, then the one of the case that splits the maxima."""
     gen = torch.Generator().manual_seed(seed)
     cases = []
     for trial, ws in enumerate(MEMORY_WORLD_SIZES):
@@ -360,7 +378,74 @@ def memory_candidates(seed: int) -> list[list[tuple[FSDPConfig, int, Any, Any, s
             opt = _pick(gen, ["adamw", "sgd"]) if trial else "adamw"
             drawn.append((cfg, ws, pd, rd, opt))
         cases.append(drawn)
+    # The last case, one model: no param_dtype, the root in one dtype and the blocks in the
+    # other, a reduce_dtype, and a block width among those that split the two maxima.
+    depth = _pick(gen, [1, 2])
+    n_in, width, n_out = (_pick(gen, options) for options in SPLIT_SIZES)
+    root, block = _pick(gen, [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)])
+    rd = _pick(gen, [torch.bfloat16, torch.float32])
+    ws = _pick(gen, [2, 3])
+    hidden = _pick(gen, split_hiddens(n_in, width, n_out, root, block, rd, ws))
+    cfg = FSDPConfig(
+        n_in=n_in,
+        width=width,
+        hidden=hidden,
+        depth=depth,
+        n_out=n_out,
+        seed=int(torch.randint(0, 10**6, (), generator=gen)),
+        unit_dtypes=(root, *[block] * depth),
+    )
+    cases.append([(cfg, ws, None, rd, _pick(gen, ["adamw", "sgd"]))])
     return cases
+
+
+#: The last case's sizes (``n_in``, ``width``, ``n_out``), drawn before its block width.
+SPLIT_SIZES = ([40, 64, 96], [9, 16, 24], [3, 5, 7])
+#: The block widths the last case chooses among: those of 1 to this that split the maxima.
+SPLIT_HIDDEN_MAX = 256
+
+
+def split_hiddens(
+    n_in: int,
+    width: int,
+    n_out: int,
+    root_dtype: torch.dtype,
+    block_dtype: torch.dtype,
+    reduce_dtype: torch.dtype,
+    world_size: int,
+) -> list[int]:
+    """The block widths (``hidden``, 1 to :data:`SPLIT_HIDDEN_MAX`) for which, with
+    ``param_dtype=None`` and ``reduce_dtype``, one unit has the largest gathered copy and another
+    the largest backward peak, both strictly (the driver's own copy computes the same). Then the
+    unit with the most parameters has one of them and not the other: reading "the largest unit"
+    as either unit, or as the one with the most parameters, gets a count wrong."""
+
+    def sizes(shapes: list[tuple[int, ...]], dtype: torch.dtype) -> tuple[int, int]:
+        full = sum(math.prod(s) for s in shapes)
+        padded = sum(-(-s[0] // world_size) * world_size * math.prod(s[1:]) for s in shapes)
+        return full * dtype.itemsize, full * dtype.itemsize + padded * reduce_dtype.itemsize
+
+    root = sizes([(width, n_in), (width,), (n_out, width), (n_out,)], root_dtype)
+    found = []
+    for hidden in range(1, SPLIT_HIDDEN_MAX + 1):
+        block = sizes([(hidden, width), (hidden,), (width, hidden), (width,)], block_dtype)
+        if (root[0] - block[0]) * (root[1] - block[1]) < 0:
+            found.append(hidden)
+    return found
+
+
+def maxima_split(cfg: FSDPConfig, world_size: int, param_dtype: Any, reduce_dtype: Any) -> bool:
+    """Whether the unit with the largest gathered copy and the unit with the largest backward
+    peak differ, each maximum held by one unit only (the last case's property)."""
+    sizes = _unit_bytes(cfg, world_size, param_dtype, reduce_dtype)
+    tops = []
+    for j in (0, 1):
+        best = max(s[j] for s in sizes)
+        holders = [i for i, s in enumerate(sizes) if s[j] == best]
+        if len({sizes[i] for i in holders}) != 1:  # units of equal size (the blocks) are one
+            return False
+        tops.append(sizes[holders[0]])
+    return tops[0] != tops[1]
 
 
 def _unit_bytes(cfg: FSDPConfig, world_size: int, param_dtype: Any, reduce_dtype: Any) -> list:
@@ -405,18 +490,21 @@ def state_digest(model: torch.nn.Module) -> str:
 
 def shard_memory(obs: Observations) -> None:
     """Four random models stored in both dtypes, with random policies (one without policy
-    dtypes) and optimizers, on 2 and 3 ranks; each case's counts against what real ranks of the
-    grader's own hold."""
+    dtypes) and optimizers, on 2 and 3 ranks, and a fifth whose largest gathered copy and
+    largest backward peak belong to different units; each case's counts against what real ranks
+    of the grader's own hold."""
     seed = obs.seed
     for trial, drawn in enumerate(memory_candidates(seed)):
         seen = [(obs.next("refused"), obs.next("counts"), obs.next("model after")) for _ in drawn]
-        chosen = next((i for i, d in enumerate(drawn) if telling(*d[:4])), 0)
+        if len(drawn) > 1:
+            chosen = next((i for i, d in enumerate(drawn) if telling(*d[:4])), 0)
+        else:  # the last case, built to split the maxima
+            chosen = 0
+            check(maxima_split(*drawn[0][:4]), f"internal: hidden case {trial} (seed {seed})")
         cfg, ws, pd, rd, opt = drawn[chosen]
         refused, got, after = seen[chosen]
-        what = (
-            f"hidden case {trial}: {cfg}, {ws} ranks, param_dtype {pd}, reduce_dtype {rd}, "
-            f"{opt} (seed {seed})"
-        )
+        cfg = replace(cfg, param_dtype=pd, reduce_dtype=rd)
+        what = f"hidden case {trial}: {cfg}, {ws} ranks, {opt} (seed {seed})"
         check(
             not refused,
             f"{what}: shard_memory called course.sharded."
@@ -429,7 +517,6 @@ def shard_memory(obs: Observations) -> None:
             f"{sorted(got) if isinstance(got, dict) else _type_name(got)}",
         )
         check(after == state_digest(cfg.make_model()), f"{what}: shard_memory changed the model")
-        cfg = replace(cfg, param_dtype=pd, reduce_dtype=rd)
         measured = measure_memory(cfg, ws, opt)[0]
         for key in MEMORY_KEYS:
             check(
@@ -561,6 +648,13 @@ def sr_inputs(seed: int) -> dict[str, Any]:
         | (torch.randint(0, 128, (), generator=gen, dtype=torch.int32) << 16)
         | 0x8000
     )
+    # NaNs of both signs whose payload lies only in the low 16 bits (below 2^12): the bit trick
+    # alone turns each into an infinity unless its noise carries, with probability 1/16 or less.
+    nan_bits = (
+        (torch.randint(0, 2, (16,), generator=gen, dtype=torch.int32) << 31)
+        | 0x7F800000
+        | torch.randint(1, 1 << 12, (16,), generator=gen, dtype=torch.int32)
+    )
     return {
         "n": n,
         "k": len(bits),
@@ -568,6 +662,7 @@ def sr_inputs(seed: int) -> dict[str, Any]:
         "values": values,
         "x": values.repeat_interleave(n),
         "half": half_bits.view(torch.float32).expand(n).contiguous(),
+        "nans": nan_bits.view(torch.float32),
     }
 
 
@@ -668,6 +763,28 @@ def stochastic_round_bf16(obs: Observations) -> None:
             and bool(got[2::3].isnan().all())
         ),
         f"inf, -inf and nan should come back as themselves, got {got[:3].tolist()} (seed {seed})",
+    )
+    nans = inputs["nans"]
+    got = obs.next("nan payloads")
+    _tensor_description(
+        f"the result for {len(nans)} NaNs",
+        (
+            type(got) is torch.Tensor,
+            _type_name(got),
+            getattr(got, "dtype", None),
+            tuple(getattr(got, "shape", ())),
+            repr(got)[:301],
+        ),
+        nans.shape,
+    )
+    kept = got.isnan()
+    first = int((~kept).nonzero()[0]) if not bool(kept.all()) else 0
+    check(
+        bool(kept.all()),
+        f"every NaN should come back as a NaN: the NaN "
+        f"{int(nans.view(torch.int32)[first]) & 0xFFFFFFFF:#010x} (its payload in the low 16 bits "
+        f"only, whose top 16 bits are inf's) gave {got[first].item()!r}; "
+        f"{int((~kept).sum())} of {len(nans)} such NaNs did not come back as NaNs (seed {seed})",
     )
     col = inputs["values"][:1].expand(n, 3).contiguous()
     _check_rounding(

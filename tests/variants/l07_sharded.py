@@ -498,6 +498,115 @@ def stochastic_round_bf16(x, generator=None):
     return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)
 """,
     ),
+    "fsdp_autocast_instead_of_param_dtype": (
+        "fsdp_amp_worker",
+        """
+def fsdp_amp_worker(rank, world_size, config):
+    # Wrong: no param_dtype in the policy, the forward and the loss under torch.autocast instead
+    # (section 3's pattern). On a CPU the numbers come out the same, but FSDP2 then all-gathers
+    # the float32 shards, twice the bytes the config's bfloat16 param_dtype sends.
+    model = config.make_model()
+    policy = MixedPrecisionPolicy(reduce_dtype=config.reduce_dtype)
+    for block in model.blocks:
+        fully_shard(block, mesh=rank_mesh(), mp_policy=policy)
+    fully_shard(model, mesh=rank_mesh(), mp_policy=policy)
+    optimizer = config.make_optimizer(model.parameters())
+    low = config.param_dtype not in (None, torch.float32)
+    losses = []
+    for step in range(config.steps):
+        x, y = config.batch(step)
+        x, y = x.chunk(world_size)[rank], y.chunk(world_size)[rank]
+        with torch.autocast("cpu", dtype=config.param_dtype if low else torch.bfloat16,
+                            enabled=low):
+            loss = config.loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    state = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    return {"state_dict": state, "losses": losses}
+""",
+    ),
+    "fsdp_adamw_default_weight_decay": (
+        "fsdp_amp_worker",
+        """
+def fsdp_amp_worker(rank, world_size, config):
+    # Wrong: AdamW built by hand with the config's lr only, so its weight decay is AdamW's
+    # default (0.01) instead of config.weight_decay.
+    model = config.make_model()
+    policy = MixedPrecisionPolicy(param_dtype=config.param_dtype, reduce_dtype=config.reduce_dtype)
+    for block in model.blocks:
+        fully_shard(block, mesh=rank_mesh(), mp_policy=policy)
+    fully_shard(model, mesh=rank_mesh(), mp_policy=policy)
+"""
+        + _WORKER_LOOP.replace(
+            "config.make_optimizer(model.parameters())",
+            "torch.optim.AdamW(model.parameters(), lr=config.lr)",
+        )
+        + """
+    state = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    return {"state_dict": state, "losses": losses}
+""",
+    ),
+    "shard_memory_largest_by_parameter_count": (
+        "shard_memory",
+        """
+def shard_memory(model, world_size, policy, optimizer="adamw"):
+    # Wrong: "the largest unit" read as the unit with the most parameters, whose gathered copy
+    # and backward peak are reported; with units stored in different dtypes another unit can
+    # hold more bytes.
+    params = list(model.parameters())
+    rows = lambda p: math.ceil(p.shape[0] / world_size) * (p.numel() // p.shape[0])
+    sharded = sum(rows(p) * p.element_size() for p in params)
+    state = 2 * sharded + 4 * len(params) if optimizer == "adamw" else sharded
+    in_blocks = {id(p) for p in model.blocks.parameters()}
+    units = [list(b.parameters()) for b in model.blocks]
+    units.append([p for p in params if id(p) not in in_blocks])
+    unit = max(units, key=lambda u: sum(p.numel() for p in u))
+    grad = policy.param_dtype or unit[0].dtype
+    full = sum(p.numel() for p in unit)
+    padded = sum(math.ceil(p.shape[0] / world_size) * world_size * (p.numel() // p.shape[0])
+                 for p in unit)
+    return {"params": sharded, "grads": sharded, "optimizer": state,
+            "gathered": full * grad.itemsize,
+            "backward_peak": full * grad.itemsize + padded * (policy.reduce_dtype or grad).itemsize}
+""",
+    ),
+    "shard_memory_peak_of_largest_gathered_unit": (
+        "shard_memory",
+        """
+def shard_memory(model, world_size, policy, optimizer="adamw"):
+    # Wrong: finds the unit with the largest gathered copy and reports that unit's backward
+    # peak; another unit's peak can be larger (a float32 reduction adds more to a bfloat16
+    # unit's peak than to a float32 unit's).
+    params = list(model.parameters())
+    rows = lambda p: math.ceil(p.shape[0] / world_size) * (p.numel() // p.shape[0])
+    sharded = sum(rows(p) * p.element_size() for p in params)
+    state = 2 * sharded + 4 * len(params) if optimizer == "adamw" else sharded
+    in_blocks = {id(p) for p in model.blocks.parameters()}
+    units = [list(b.parameters()) for b in model.blocks]
+    units.append([p for p in params if id(p) not in in_blocks])
+    gathered = lambda u: sum(p.numel() for p in u) * (policy.param_dtype or u[0].dtype).itemsize
+    unit = max(units, key=gathered)
+    grad = policy.param_dtype or unit[0].dtype
+    padded = sum(math.ceil(p.shape[0] / world_size) * world_size * (p.numel() // p.shape[0])
+                 for p in unit)
+    return {"params": sharded, "grads": sharded, "optimizer": state, "gathered": gathered(unit),
+            "backward_peak": gathered(unit) + padded * (policy.reduce_dtype or grad).itemsize}
+""",
+    ),
+    "sr_nan_payload_to_inf": (
+        "stochastic_round_bf16",
+        """
+def stochastic_round_bf16(x, generator=None):
+    # Wrong: the bit trick alone. A NaN whose payload lies only in the low 16 bits has inf's top
+    # 16 bits, so unless its noise carries it comes back as inf (or -inf).
+    bits = x.contiguous().view(torch.int32)
+    noise = torch.randint(0, 1 << 16, x.shape, dtype=torch.int32, device=x.device,
+                          generator=generator)
+    return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)
+""",
+    ),
 }
 
 VALID = {
@@ -587,14 +696,14 @@ def shard_memory(model, world_size, policy, optimizer="adamw"):
         """
 def stochastic_round_bf16(x, generator=None):
     # Valid: find both neighbours, then round away from zero with probability distance / gap,
-    # computed in float64 with torch.rand.
+    # computed in float64 with torch.rand; NaNs passed through as they are.
     bits = x.contiguous().view(torch.int32)
     lo = (bits & -65536).view(torch.float32)
     hi = ((bits & -65536) + 65536).view(torch.float32)
     gap = (hi.double() - lo.double()).abs()
     p = (x.double() - lo.double()).abs() / gap
     u = torch.rand(x.shape, dtype=torch.float64, device=x.device, generator=generator)
-    return torch.where(u < p, hi, lo).to(torch.bfloat16)
+    return torch.where(x.isnan(), x, torch.where(u < p, hi, lo)).to(torch.bfloat16)
 """,
     ),
     "fsdp_policy_once_named_parameters": (
@@ -656,11 +765,13 @@ def shard_memory(model, world_size, policy, optimizer="adamw"):
         """
 def stochastic_round_bf16(x, generator=None):
     # Valid: the bit trick in int64 (no int32 overflow to think about), the low 16 bits
-    # cleared with a shift.
+    # cleared with a shift; NaNs set back afterwards through a mask.
     bits = x.contiguous().view(torch.int32).to(torch.int64)
     noise = torch.randint(0, 65536, x.shape, device=x.device, generator=generator)
     rounded = ((bits + noise) >> 16) << 16
-    return rounded.to(torch.int32).view(torch.float32).to(torch.bfloat16)
+    out = rounded.to(torch.int32).view(torch.float32).to(torch.bfloat16)
+    out[x.isnan()] = float("nan")
+    return out
 """,
     ),
 }
