@@ -267,6 +267,34 @@ def float8_matmul_support(device: torch.device | str | DeviceProfile) -> tuple[b
     return float8_gemm(profile)
 
 
+def scaled_mm_status(device: torch.device | str) -> tuple[bool, str]:
+    """Whether this torch build runs ``torch.nn.functional.scaled_mm`` on ``device``, and why not.
+
+    Tries one small tensor-wise e4m3fn product there (16 x 16, float32 output). Returns
+    ``(True, "")``, or ``(False, reason)`` with the error's type and first line, which the lesson
+    prints where it skips what needs the kernel: lesson 08's 2-rank experiment runs its ranks on
+    the CPU, and a torch build without a CPU kernel behind ``scaled_mm`` (or without
+    ``scaled_mm``) cannot run it. Introduced in lesson 08.
+    """
+    device = torch.device(device)
+    try:
+        a8 = torch.ones(16, 16, device=device).to(torch.float8_e4m3fn)
+        one = torch.ones((), device=device)
+        F.scaled_mm(
+            a8,
+            a8.t(),
+            one,
+            F.ScalingType.TensorWise,
+            one,
+            F.ScalingType.TensorWise,
+            output_dtype=torch.float32,
+        )
+    except (AttributeError, NotImplementedError, RuntimeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return False, f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return True, ""
+
+
 def matmul_tflops(
     sizes: Sequence[int],
     device: torch.device | str,

@@ -1,4 +1,5 @@
-"""Unit tests of course.float8 (lesson 08's helpers); no lesson is executed here."""
+"""Unit tests of course.float8 (lesson 08's helpers); of the lesson itself only the 2-rank
+section's cells run here, on a torch without a CPU scaled_mm."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from course.float8 import (
     matmul_tflops,
     replay,
     replay_scaling,
+    scaled_mm_status,
     tensor_kind,
     torchao_status,
     trained_tensors,
@@ -336,3 +338,56 @@ def test_torchao_import_noise_filter_drops_only_its_two_records(monkeypatch):
     assert noise.filter(record("course", "Failed to load /x/_C_mxfp8.so: nope"))
     monkeypatch.setattr(torch.version, "cuda", "12.8")  # a CUDA build must hear of it
     assert noise.filter(record("torchao", "Failed to load /x/_C_mxfp8.so: nope"))
+
+
+def test_scaled_mm_status_says_why_a_device_has_no_kernel(monkeypatch):
+    assert scaled_mm_status("cpu") == (True, "")  # torch 2.13 has CPU kernels
+
+    def missing(*args, **kwargs):
+        raise NotImplementedError(
+            "Could not run 'aten::_scaled_mm_v2' with arguments from the 'CPU' backend.\nmore"
+        )
+
+    monkeypatch.setattr(F, "scaled_mm", missing)
+    ok, reason = scaled_mm_status("cpu")
+    assert not ok
+    assert reason == (
+        "NotImplementedError: Could not run 'aten::_scaled_mm_v2' with arguments from the "
+        "'CPU' backend."
+    )
+
+
+def test_two_rank_section_is_left_out_without_a_cpu_scaled_mm(capsys):
+    """Lesson 08's 2-rank cells where F.scaled_mm has no CPU kernel (torch 2.11's gloo ranks on
+    a GPU machine): they say why, start no ranks, and the plot cell reads nothing missing."""
+    import matplotlib
+    import nbformat
+
+    from course.launch import describe_backend, pick_backend
+    from tests.conftest import SOLUTIONS, lesson_notebook
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    nb = nbformat.read(lesson_notebook(SOLUTIONS, "08-float8"), as_version=4)
+    cells = [c.source for c in nb.cells if c.cell_type == "code"]
+    first = next(i for i, s in enumerate(cells) if "def gathered_matmul(" in s)
+    launched: list = []
+    reason = "NotImplementedError: Could not run 'aten::_scaled_mm_v2'"
+    namespace = {
+        "torch": torch,
+        "plt": plt,
+        "device": torch.device("cpu"),
+        "last": {"fc2.weight": torch.randn(6, 4), "fc2.input": torch.randn(3, 4)},
+        "tensor_kind": tensor_kind,
+        "describe_backend": describe_backend,
+        "pick_backend": pick_backend,
+        "launch": lambda *args, **kwargs: launched.append(args),
+        "scaled_mm_status": lambda device: (False, reason),
+    }
+    for source in cells[first : first + 2]:
+        exec(source, namespace)  # noqa: S102 - the lesson's own code
+    out = capsys.readouterr().out
+    assert not launched and namespace["gather"] == {} and namespace["chosen"] == []
+    assert "the 2-rank experiment is left out" in out and reason in out
+    assert "no plot" in out
