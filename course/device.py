@@ -6,8 +6,9 @@ numbers come from. :class:`DeviceProfile` describes a device: read from torch on
 (:meth:`DeviceProfile.current`) or written by hand for a device this machine does not have. Each
 decision the lessons make about a device is a function of a profile alone (the autocast dtype and
 whether a GradScaler is needed, whether float8 matrix multiplies and ``torch.compile`` are run,
-nccl or gloo, fork or spawn, the datasheet peak behind an MFU, and the sentences that say what
-the device can or cannot show), so they can be checked for devices nobody here owns.
+nccl or gloo, fork, forkserver or spawn, the datasheet peak behind an MFU, and the sentences
+that say what the device can or cannot show), so they can be checked for devices nobody here
+owns.
 Introduced in lesson 01.
 """
 
@@ -555,10 +556,15 @@ def torchrun_ranks(profile: DeviceProfile) -> int:
 
 
 def start_method(profile: DeviceProfile, backend: str = "gloo") -> str:
-    """How the launcher starts ranks here: ``fork`` where the OS forks and no accelerator is
-    in the process (autograd's device threads and CUDA do not survive fork), else ``spawn``
-    (lesson 06)."""
-    return "fork" if backend == "gloo" and profile.fork and not profile.is_gpu else "spawn"
+    """How the launcher starts ranks here (lesson 06): ``fork`` where the OS forks and no
+    accelerator is in the process (autograd's device threads and CUDA do not survive fork);
+    else ``forkserver`` where the OS forks and the machine is not a Mac (each rank is forked
+    from a server process that imported torch and nothing else, so it starts in a fraction of a
+    second with no CUDA or autograd state in it); else ``spawn`` (a fresh interpreter per rank:
+    Windows has no fork, and macOS's system frameworks are not safe to fork)."""
+    if backend == "gloo" and profile.fork and not profile.is_gpu:
+        return "fork"
+    return "forkserver" if profile.fork and profile.kind != "mps" else "spawn"
 
 
 def lesson_device(profile: DeviceProfile, needs: frozenset[str] | set[str] | tuple | None) -> str:

@@ -9,13 +9,16 @@ and grading, where the code under test may be wrong:
 
 - **Start method.** On a machine without a GPU, ranks are started with ``fork``: the
   children inherit the kernel's memory (functions defined in notebook cells, imported
-  modules), which starts them in a fraction of a second. Where torch sees a GPU, ranks are
-  started with ``spawn`` (fresh interpreters), gloo ranks too: a process that has initialised
-  CUDA cannot be forked safely, and once a process has run a backward pass there, autograd has
-  started its per-device threads and a forked child refuses to run backward at all ("Unable
-  to handle autograd's threading in combination with fork-based multiprocessing"). Spawned
-  ranks receive ``fn`` and ``args`` *by value*, serialised with ``cloudpickle``, so functions
-  defined in notebook cells work there too. Real multi-GPU and multi-node jobs use
+  modules), which starts them in a fraction of a second. Where torch sees a GPU, the kernel
+  itself must not be forked, gloo ranks included: a process that has initialised CUDA cannot
+  be forked safely, and once a process has run a backward pass there, autograd has started its
+  per-device threads and a forked child refuses to run backward at all ("Unable to handle
+  autograd's threading in combination with fork-based multiprocessing"). There ranks are
+  forked from a ``forkserver`` instead, a clean process that has imported torch and nothing
+  else (started once, on the first launch), or, on Windows and macOS, ``spawn``-ed as fresh
+  interpreters (seconds each: every one imports torch). Either way they receive ``fn`` and
+  ``args`` *by value*, serialised with ``cloudpickle``, so functions defined in notebook cells
+  work there too. Real multi-GPU and multi-node jobs use
   ``torchrun`` instead (see :mod:`course.ddp_train`).
 - **Rendezvous without ports.** Every launch gets a fresh temporary folder and the ranks meet
   through a ``FileStore`` in it (``init_method="file://..."``), so launches running in
@@ -25,7 +28,8 @@ and grading, where the code under test may be wrong:
   :class:`RankFailed` naming the rank and carrying its traceback. Each rank's printed output
   is captured in a file and replayed, prefixed with ``[rank r]``.
 - **No process outlives a launch.** Each rank leads its own process group and asks the kernel
-  to kill it if the launching process dies (``PR_SET_PDEATHSIG``). The launcher stops early when
+  to kill it if its parent dies (``PR_SET_PDEATHSIG``): the launching process, or the
+  forkserver, which exits when the launching process does. The launcher stops early when
   a rank fails; then, whatever happened (success, exception, timeout, ``KeyboardInterrupt``),
   it sends SIGKILL to every rank's whole process group (which also ends anything a rank
   started) and reaps every child before returning.
@@ -190,13 +194,22 @@ def rank_device() -> torch.device:
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (no orphans if the kernel dies)."""
+    """Ask Linux to SIGKILL this process when its parent dies (no orphans if the kernel dies).
+
+    ``parent_pid`` is the launching process: the parent of a forked or spawned rank; a
+    forkserver's rank has the server as its parent, which exits when the launcher does."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+    if os.getppid() == parent_pid:
+        return
+    try:  # the launcher died before prctl took effect (or is gone while a server forks)
+        os.kill(parent_pid, 0)
+    except ProcessLookupError:
         os._exit(1)
+    except PermissionError:
+        pass
 
 
 def _to_cpu(value: Any) -> Any:
@@ -302,6 +315,22 @@ def _child(
 # The parent side
 
 
+def _this_machine() -> DeviceProfile:
+    """What the choice of start method needs to know of this machine: its accelerator's kind
+    and whether the OS forks."""
+    kind = "cpu"
+    if torch.accelerator.is_available():
+        found = torch.accelerator.current_accelerator()
+        kind = found.type if found is not None and found.type in ("mps", "xpu") else "cuda"
+    return DeviceProfile(kind=kind, name="this machine", fork="fork" in mp.get_all_start_methods())
+
+
+def default_start_method(backend: str = "gloo") -> str:
+    """How :func:`launch` starts ranks on this machine when not told:
+    :func:`course.device.start_method` of it (fork, forkserver or spawn)."""
+    return start_method(_this_machine(), backend)
+
+
 def fork_is_safe() -> bool:
     """Whether ranks may be forked from this process: only where the OS forks and torch sees
     no accelerator (:func:`course.device.start_method`).
@@ -309,12 +338,7 @@ def fork_is_safe() -> bool:
     With a GPU present, the first backward pass starts autograd's per-device threads, after
     which a forked child cannot run backward; CUDA itself cannot be used across fork either.
     """
-    profile = DeviceProfile(
-        kind="cuda" if torch.accelerator.is_available() else "cpu",
-        name="this machine",
-        fork="fork" in mp.get_all_start_methods(),
-    )
-    return start_method(profile, "gloo") == "fork"
+    return default_start_method("gloo") == "fork"
 
 
 def _by_value(fn: Callable[..., Any], args: tuple) -> bytes:
@@ -409,11 +433,13 @@ def launch(
     case no process of the launch is left running when this function returns or raises.
 
     ``start_method`` defaults to ``fork`` where that is safe (no GPU, see
-    :func:`fork_is_safe`) and ``spawn`` elsewhere; spawned ranks get ``fn`` and ``args`` by
-    value through cloudpickle, so notebook functions work either way. Forked ranks compute on
-    one thread each (GNU OpenMP cannot be used across fork); ``threads`` sets the torch thread
-    count of spawned ranks (default: the CPUs shared among the ranks). Printed output of the
-    ranks is replayed with a ``[rank r]`` prefix when ``show_output``. Introduced in lesson 06.
+    :func:`fork_is_safe`), else ``forkserver`` (``spawn`` on Windows and macOS:
+    :func:`default_start_method`); ranks that are not forked from the caller get ``fn`` and
+    ``args`` by value through cloudpickle, so notebook functions work either way. Forked ranks
+    compute on one thread each (GNU OpenMP cannot be used across fork); ``threads`` sets the
+    torch thread count of the others (default: the CPUs shared among the ranks). Printed output
+    of the ranks is replayed with a ``[rank r]`` prefix when ``show_output``. Introduced in
+    lesson 06.
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
@@ -421,7 +447,7 @@ def launch(
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if timeout <= 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
-    method = start_method or ("fork" if backend == "gloo" and fork_is_safe() else "spawn")
+    method = start_method or default_start_method(backend)
     if method not in ("fork", "spawn", "forkserver"):
         raise ValueError(f"start_method must be fork, spawn or forkserver, got {method!r}")
     if method == "fork" and backend == "nccl":
@@ -441,6 +467,10 @@ def launch(
         if threads is None:
             threads = max(1, (os.cpu_count() or 1) // world_size)
     ctx = mp.get_context(method)
+    if method == "forkserver":
+        # Takes effect when the server starts (the first forkserver launch of this process):
+        # the server imports what every rank needs once, and each rank is forked from it.
+        ctx.set_forkserver_preload(["course.launch", *PRELOAD])
     folder = Path(tempfile.mkdtemp(prefix="course-dist-"))
     procs: list[Any] = []
     outputs: dict[int, str] = {}
@@ -612,20 +642,22 @@ def _cmdline(pid: int) -> bytes:
 def child_pids(include_helpers: bool = False) -> list[int]:
     """PIDs of this process's living descendants (psutil when installed, else /proc).
 
-    multiprocessing's own helpers (the resource tracker ``spawn`` starts once and keeps until
-    this process exits) are left out unless ``include_helpers``: they are not ranks. Used to
-    check that a launch leaves no process behind. Introduced in lesson 06.
+    multiprocessing's own helpers (the resource tracker ``spawn`` starts once and the
+    ``forkserver``, both kept until this process exits) are left out unless
+    ``include_helpers``: they are not ranks. The ranks a forkserver forks carry its command
+    line too, so a helper is recognised by its mark *and* a parent without it. Used to check
+    that a launch leaves no process behind. Introduced in lesson 06.
     """
     try:
         import psutil
     except ImportError:
         psutil = None
-    found: list[int] = []
+    found: dict[int, int] = {}  # pid -> parent pid
     if psutil is not None:
         for child in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.NoSuchProcess):
                 if child.status() != psutil.STATUS_ZOMBIE:
-                    found.append(child.pid)
+                    found[child.pid] = child.ppid()
     else:
         parents: dict[int, int] = {}
         for entry in Path("/proc").iterdir():
@@ -638,10 +670,15 @@ def child_pids(include_helpers: bool = False) -> list[int]:
         frontier = {os.getpid()}
         while frontier:
             frontier = {pid for pid, ppid in parents.items() if ppid in frontier}
-            found.extend(sorted(frontier))
+            found.update({pid: parents[pid] for pid in sorted(frontier)})
     if include_helpers:
-        return found
-    return [pid for pid in found if not any(mark in _cmdline(pid) for mark in _MP_HELPERS)]
+        return list(found)
+
+    def helper(pid: int) -> bool:
+        marks = [mark for mark in _MP_HELPERS if mark in _cmdline(pid)]
+        return bool(marks) and not any(mark in _cmdline(found[pid]) for mark in marks)
+
+    return [pid for pid in found if not helper(pid)]
 
 
 # --------------------------------------------------------------------------------------------

@@ -268,11 +268,14 @@ def test_parallel_launches_do_not_collide():
     assert results[100][0]["sum"].item() == 201 and results[200][1]["sum"].item() == 401
 
 
-def test_ranks_are_spawned_where_fork_is_unsafe_and_get_notebook_functions_by_value(
-    monkeypatch,
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_ranks_are_not_forked_from_the_caller_where_fork_is_unsafe_and_get_functions_by_value(
+    monkeypatch, method
 ):
-    """Where torch sees a GPU, gloo ranks are spawned; a function defined in a cell (here: a
-    closure, which no module can import) still reaches them, by value."""
+    """Where torch sees a GPU, gloo ranks come from a forkserver (Linux) or are spawned (Windows,
+    macOS); a function defined in a cell (here: a closure, which no module can import) still
+    reaches them, by value. A forkserver's rank carries the server's command line, and is still
+    counted as a rank (not a helper) until it is gone; a timed-out one is killed."""
     offset = 10
 
     def cell_function(rank, world_size):
@@ -282,17 +285,55 @@ def test_ranks_are_spawned_where_fork_is_unsafe_and_get_notebook_functions_by_va
         dist.all_reduce(total)
         return {"sum": total.item(), "inherited_pytest": "pytest" in sys.modules}
 
-    monkeypatch.setattr(D, "fork_is_safe", lambda: False)
+    monkeypatch.setattr(D, "default_start_method", lambda backend="gloo": method)
     results = launch(cell_function, 2, timeout=300, show_output=False)
     assert [r["sum"] for r in results] == [21.0, 21.0]
     assert not any(r["inherited_pytest"] for r in results), "the ranks were forked, not spawned"
     helpers = set(child_pids(include_helpers=True)) - set(child_pids())
-    assert helpers and all(b"resource_tracker" in D._cmdline(p) for p in helpers), (
-        "spawn's resource tracker should be running, and be the only process left out"
-    )
-    monkeypatch.setattr(D, "fork_is_safe", lambda: True)
+    mark = b"forkserver" if method == "forkserver" else b"resource_tracker"
+    assert any(mark in D._cmdline(p) for p in helpers), f"no {method} helper is running"
+    assert all(b"resource_tracker" in D._cmdline(p) or b"forkserver" in D._cmdline(p)
+               for p in helpers), "only multiprocessing's helpers are left out"  # fmt: skip
+
+    def sleeper(rank, world_size):
+        time.sleep(600)
+
+    if method == "forkserver":  # its ranks are the server's children, not this process's
+        with pytest.raises(LaunchTimeout):
+            launch(sleeper, 2, timeout=2, show_output=False)
+        assert child_pids() == [], "a timed-out rank outlived its launch"
+    monkeypatch.setattr(D, "default_start_method", lambda backend="gloo": "fork")
     forked = launch(cell_function, 2, timeout=120, show_output=False)
     assert all(r["inherited_pytest"] for r in forked), "without a GPU, ranks are forked"
+
+
+def test_a_forkservers_ranks_are_counted_as_ranks(monkeypatch):
+    """child_pids leaves out multiprocessing's helpers, not what a forkserver forked (which
+    carries the server's command line): the server (1, child of this kernel) is a helper, its
+    rank (2) is not."""
+    import psutil
+
+    server = b"python -c from multiprocessing.forkserver import main"
+    lines = {1: server, 2: server, 3: b"python -m ipykernel_launcher"}
+    monkeypatch.setattr(D, "_cmdline", lambda pid: lines.get(pid, b""))
+
+    class Child:
+        def __init__(self, pid: int, ppid: int) -> None:
+            self.pid, self._ppid = pid, ppid
+
+        def status(self) -> str:
+            return psutil.STATUS_RUNNING
+
+        def ppid(self) -> int:
+            return self._ppid
+
+    class Kernel:
+        def children(self, recursive: bool) -> list[Child]:
+            return [Child(1, 3), Child(2, 1)]
+
+    monkeypatch.setattr(psutil, "Process", Kernel)
+    assert child_pids() == [2]
+    assert sorted(child_pids(include_helpers=True)) == [1, 2]
 
 
 def test_spawn_refuses_what_cannot_travel_with_a_clear_message():
