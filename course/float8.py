@@ -271,9 +271,9 @@ def scaled_mm_status(device: torch.device | str) -> tuple[bool, str]:
     """Whether this torch build runs ``torch.nn.functional.scaled_mm`` on ``device``, and why not.
 
     Tries one small tensor-wise e4m3fn product there (16 x 16, float32 output). Returns
-    ``(True, "")``, or ``(False, reason)`` with the error's type and first line, which the lesson
-    prints where it skips what needs the kernel: lesson 08's 2-rank experiment runs its ranks on
-    the CPU, and a torch build without a CPU kernel behind ``scaled_mm`` (or without
+    ``(True, "")``, or ``(False, reason)`` with the error's type and first sentence, which the
+    lesson prints where it skips what needs the kernel: lesson 08's 2-rank experiment runs its
+    ranks on the CPU, and a torch build without a CPU kernel behind ``scaled_mm`` (or without
     ``scaled_mm``) cannot run it. Introduced in lesson 08.
     """
     device = torch.device(device)
@@ -290,7 +290,10 @@ def scaled_mm_status(device: torch.device | str) -> tuple[bool, str]:
             output_dtype=torch.float32,
         )
     except (AttributeError, NotImplementedError, RuntimeError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        text = str(exc).strip()
+        first = text.splitlines()[0].split(". ")[0] if text else ""  # the first sentence
+        if first and not first.endswith("."):
+            first += "."
         return False, f"{type(exc).__name__}: {first}" if first else type(exc).__name__
     return True, ""
 

@@ -345,7 +345,8 @@ def test_scaled_mm_status_says_why_a_device_has_no_kernel(monkeypatch):
 
     def missing(*args, **kwargs):
         raise NotImplementedError(
-            "Could not run 'aten::_scaled_mm_v2' with arguments from the 'CPU' backend.\nmore"
+            "Could not run 'aten::_scaled_mm_v2' with arguments from the 'CPU' backend. This "
+            "could be because the operator doesn't exist for this backend.\nmore"
         )
 
     monkeypatch.setattr(F, "scaled_mm", missing)
