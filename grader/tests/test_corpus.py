@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from grader import REPO_ROOT
+from grader import REPO_ROOT, sandbox
 from grader.autograde import Outcome, autograde
 from grader.cli import main
-from grader.sandbox import Limits
+from grader.sandbox import Limits, Settings
 from grader.tests.conftest import make_course, need_bwrap
 from grader.tests.corpus import CASES, LESSON, REJECTED, write_case
 
@@ -301,3 +301,108 @@ def test_lesson01_attacks_on_the_hidden_tests_earn_nothing(tmp_path):
             want = L01_POINTS[gid] if trick is None else 0.0
             assert o.scores[gid] == want, (student, exercise, trick, o.reason)
     assert not marker.exists(), "the payload ran in the grader's process"
+
+
+#: A sandbox uid slot of its own per run (two runs may grade at once under xdist).
+KIND_SLOTS = {"fork": 61, "in-kernel": 62}
+
+
+@pytest.mark.lesson
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")  # the forged pickle
+@pytest.mark.parametrize("path", list(KIND_SLOTS))
+def test_lessons_02_to_09_attacks_by_kind_earn_nothing(tmp_path, path):
+    """Lessons 02-09's hidden tests attacked by kind (see ``KIND_KIT`` in corpus.py) in one
+    sandboxed submission per way a test cell runs (a fork of the kernel; the kernel itself, as
+    where CUDA forbids a fork), judged here as ``SandboxedExecute`` judges: a stateful exercise
+    (lesson 02's scaler), one whose function runs in 2 ranks (lesson 06's worker) and one of
+    lessons 03, 04, 05, 08 and 09 each. Every attack ran and looked (each finder reports what it
+    scanned), none found a judge, a judges file or a solution, and none earned a point: each
+    visible part passed and each judge failed the answers. The control, a hidden test of the old
+    kind, is beaten by every finder; the serializer's payload never ran here."""
+    import secrets
+
+    from nbgrader.utils import determine_grade
+
+    from grader.cells import graded_test_cells
+    from grader.execute import apply_answer
+    from grader.judge import judge_cell
+    from grader.keys import seed_for
+    from grader.tests.corpus import (
+        KIND_EXERCISES,
+        KIND_FINDERS,
+        KIND_PATHS,
+        kind_attack_notebook,
+        kind_reports,
+    )
+
+    need_bwrap()
+    marker = tmp_path / "payload-ran"
+    hidden = [REPO_ROOT / "grader" / "judges", REPO_ROOT / "solutions"]
+    nb, tests = kind_attack_notebook(path, marker, hidden, REPO_ROOT / "solutions")
+    key, student = secrets.token_hex(32), "attacker"
+    settings = Settings(
+        limits=Limits(cell_timeout=120, notebook_timeout=420),
+        fork=path == "fork",
+        slot=KIND_SLOTS[path],
+        kernel_env={"COURSE_GRADING_KEY": key, "COURSE_STUDENT_ID": student},
+    )
+    answer = sandbox.execute(json.loads(json.dumps(nb)), graded_test_cells(nb), settings)
+    statuses = apply_answer(nb, answer)
+    assert sorted(tests) == graded_test_cells(nb)
+    every = []  # the looks at the lessons' exercises
+    for index, lesson in tests.items():
+        cell = nb.cells[index]
+        # The look's report, printed in the hidden part (a rank's lines replayed by the launcher).
+        looks, channels = kind_reports(cell)
+        verdict = judge_cell(cell, lesson, lambda exercise: seed_for(key, student, exercise))
+        score, max_score = determine_grade(cell)
+        errors = [f"{o['ename']}: {o['evalue'][:300]}" for o in cell.outputs if "ename" in o]
+        where = f"{path}, {lesson or 'control'}: {errors}"
+        assert statuses[index] == "ok", f"{where}: the visible part or the driver failed"
+        assert looks, f"{where}: the attack never looked (its hidden part did not call it)"
+        for look in looks:
+            for finder in KIND_FINDERS:
+                assert "error" not in look[finder], (where, finder, look[finder])
+            assert look["globals"]["scanned"] > 0 and look["frames"]["scanned"] > 0, look
+            assert look["frames"]["names"] > 0 and look["gc"]["functions"] > 0, look
+            assert look["thread"]["polls"] > 0 and look["source"]["chars"] > 0, look
+        if lesson is None:  # the control: every finder but the globals found its reference
+            assert (score, max_score) == (1.0, 1.0), where
+            (look,) = looks
+            assert "_secret_reference" in look["used"], look
+            assert not look["globals"]["suspects"], look  # the test's names stay the test's
+            for finder in KIND_FINDERS[1:]:
+                assert any("_secret_reference" in s for s in look[finder]["suspects"]), finder
+            assert "grader.judges.l99_leaky" in look["gc"]["grader modules"], look["gc"]
+            assert "/tmp/leak/grader/judges/l99_leaky.py" in look["judges"]["files"], look
+            continue  # (not among ``every``)
+        grade_id, _, _ = KIND_EXERCISES[lesson]
+        assert cell.metadata["nbgrader"]["grade_id"] == f"{grade_id}_tests"
+        assert max_score > 0 and score == 0, where
+        assert verdict == "failed" and errors[-1].startswith(("CheckFailed", "ObservationError")), (
+            where
+        )
+        # Two ranks looked, each in its own process; elsewhere the test's own process looked.
+        assert len({look["pid"] for look in looks}) == (2 if lesson == "06-multi-gpu" else 1)
+        for look in looks:
+            assert look["referrers"]["scanned"] > 0, (where, look["referrers"])
+            assert look["gc"]["grader modules"] == [], (where, look["gc"])
+            assert look["judges"]["modules"] == [] and look["judges"]["file count"] == 0, look
+            # What a test cell defines is found (where it defines any) but is no reference.
+            for finder in KIND_FINDERS:
+                assert all("<test cell" in s for s in look[finder]["suspects"]), (finder, look)
+        channel = KIND_PATHS[path][lesson]
+        if channel == "hijack":
+            (look,) = looks
+            hijack = look["channel"]
+            assert hijack["live"] == 1 and hijack["lists emptied"] >= 1, look
+            assert "end before" in errors[-1], where
+        elif channel == "serializer":
+            assert channels == [{"serializer": ["torch.save", "torch.serialization.save"]}]
+            assert "could not be read" in errors[-1], where
+        every.extend(looks)
+    # The finders' candidates were used: functions a test cell defines were called with the
+    # inputs, and values of the right kind found beside a call were returned.
+    assert any(look["tried"] for look in every), every
+    assert any((look["used"] or "").startswith("a ") for look in every), every
+    assert not marker.exists(), "the serializer's payload ran in the grader's process"
