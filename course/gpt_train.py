@@ -31,6 +31,7 @@ import hashlib
 import importlib.util
 import json
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -195,6 +196,60 @@ def graded_spec(seed: int, checkpoint: str = "") -> RunSpec:
     )
 
 
+def training_state(
+    spec: RunSpec, model: torch.nn.Module, device: torch.device
+) -> tuple[torch.optim.AdamW, torch.amp.GradScaler, torch.optim.lr_scheduler.LambdaLR]:
+    """The run's AdamW optimizer over ``model``, its ``GradScaler`` (on for float16 only) and its
+    LR schedule (lesson 09)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr)
+    scaler = torch.amp.GradScaler(
+        device.type, init_scale=spec.init_scale, enabled=DTYPES[spec.dtype] == torch.float16
+    )
+    return optimizer, scaler, lr_schedule(optimizer, spec.warmup, spec.steps)
+
+
+def load_off_cpu(spec: RunSpec, functions: Functions, rank: int = 0) -> dict:
+    """Rank ``rank``'s checkpoint of ``spec``, loaded by the learner's ``load_checkpoint`` twice
+    (lesson 09's tests): into a run on the CPU, and into a run on the ``meta`` device, which
+    stands in for a GPU. Meta tensors hold no data: whatever ``load_checkpoint`` maps to the
+    model's device is lost there, and ``torch.set_rng_state`` refuses it (a generator state must
+    be a CPU ``ByteTensor``, as it must on a GPU machine); what it loads onto the CPU, as it
+    should, restores the generator and is copied into the model by ``load_state_dict``.
+
+    Before each load the generator is moved away from the saved state; the caller's generator
+    state is restored afterwards. Returns, for ``"cpu"`` and ``"meta"``: ``error`` (the exception
+    as text, or None), the returned ``position``, the generator state after the load (``rng``),
+    the scaler's scale, the learning rate and the scheduler's ``last_epoch``.
+    """
+    load_fn = functions[2]
+    path = checkpoint_path(spec.checkpoint, rank)
+    out = {}
+    with torch.random.fork_rng(devices=[]):
+        for where in ("cpu", "meta"):
+            device = torch.device(where)
+            with device:  # built there: moving a model to meta would untie its head
+                model = GPT(spec.config)
+            optimizer, scaler, scheduler = training_state(spec, model, device)
+            torch.manual_seed(spec.seed + 1)  # not the saved generator state
+            error, position = None, None
+            with warnings.catch_warnings():
+                # load_state_dict into meta parameters copies nothing, and says so
+                warnings.filterwarnings("ignore", message=".*meta parameter", category=UserWarning)
+                try:
+                    position = load_fn(path, model, optimizer, scaler, scheduler)
+                except Exception as exc:  # noqa: BLE001 - reported to the learner
+                    error = f"{type(exc).__name__}: {exc}"
+            out[where] = {
+                "error": error,
+                "position": position if type(position) is int else repr(position),
+                "rng": torch.get_rng_state(),
+                "scale": scaler.get_scale() if scaler.is_enabled() else None,
+                "lr": optimizer.param_groups[0]["lr"],
+                "last_epoch": scheduler.last_epoch,
+            }
+    return out
+
+
 def train(spec: RunSpec, device: torch.device, functions: Functions) -> dict:
     """Train as this rank of the default process group (or alone, if there is none), with the
     learner's ``distributed_step`` and checkpoint functions (lesson 09).
@@ -216,11 +271,7 @@ def train(spec: RunSpec, device: torch.device, functions: Functions) -> dict:
         net: torch.nn.Module = model
         if distributed:
             net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr)
-        scaler = torch.amp.GradScaler(
-            device.type, init_scale=spec.init_scale, enabled=amp_dtype == torch.float16
-        )
-        scheduler = lr_schedule(optimizer, spec.warmup, spec.steps)
+        optimizer, scaler, scheduler = training_state(spec, model, device)
         position = 0
         ckpt = checkpoint_path(spec.checkpoint, rank) if spec.checkpoint else None
         if spec.resume and ckpt is not None and ckpt.exists():

@@ -220,3 +220,44 @@ def test_script_runs_under_torchrun_with_two_gloo_ranks(tmp_path, functions_file
     result = json.loads(out.read_text())
     assert result["world_size"] == 2 and len(result["losses"]) == 2
     assert 4.0 < result["val_loss"] < 6.5
+
+
+def test_resume_into_a_model_off_the_cpu(tmp_path, functions_file, monkeypatch):
+    """The resume course.gpt_train makes (the learner's load_checkpoint, here the solution's),
+    for a model that is not on the CPU: the meta device stands in for a GPU. The solution loads
+    onto the CPU, so torch.set_rng_state gets a CPU ByteTensor and the generator, position, scale
+    and schedule come back as they do on the CPU; a load mapped to the model's device hands it a
+    meta tensor, refused as a CUDA one is on a GPU machine."""
+    from tests.variants.l09_capstone import STEP_SOLUTION
+
+    spec = replace(T.graded_spec(3, str(tmp_path / "run.pt")), steps=2, save_at=(2,))
+    T.train(spec, torch.device("cpu"), T.load_functions(functions_file))  # one process: rank 0
+    real_set, seen = torch.set_rng_state, []
+
+    def spy(new_state):
+        seen.append((new_state.device.type, new_state.dtype))
+        return real_set(new_state)
+
+    monkeypatch.setattr(torch, "set_rng_state", spy)
+    loads = T.load_off_cpu(spec, T.load_functions(functions_file))
+    assert len(seen) >= 2 and set(seen) == {("cpu", torch.uint8)}  # the two loads (and fork_rng)
+    cpu, meta = loads["cpu"], loads["meta"]
+    assert cpu["error"] is None and meta["error"] is None
+    assert cpu["position"] == meta["position"] == 2 * spec.accum
+    assert torch.equal(cpu["rng"], meta["rng"])
+    assert (cpu["scale"], cpu["lr"], cpu["last_epoch"]) == (
+        meta["scale"],
+        meta["lr"],
+        meta["last_epoch"],
+    )
+    onto_device = tmp_path / "onto_device.py"
+    onto_device.write_text(
+        T.FUNCTIONS_HEADER
+        + STEP_SOLUTION.replace(
+            'map_location="cpu"', "map_location=next(model.parameters()).device"
+        )
+    )
+    loads = T.load_off_cpu(spec, T.load_functions(onto_device))
+    assert loads["cpu"]["error"] is None
+    assert "ByteTensor" in loads["meta"]["error"], loads["meta"]["error"]
+    assert not torch.equal(loads["meta"]["rng"], cpu["rng"])
