@@ -286,9 +286,11 @@ class BenchmarkDashboard:
     MFU and peak memory of the GPT on this device.
 
     It measures with :func:`course.benchmark.run_benchmark` (``model="gpt"``), shows an
-    ``IntProgress`` bar while it runs, then draws three bar charts. Modes the device cannot run
-    are shown disabled, with the reason. ``run()`` is what the button calls, so a test can drive
-    it; the last results and bar heights stay on the object.
+    ``IntProgress`` bar while it runs, then draws three bar charts. MFU's FLOPs per step are
+    ``flops_fn(config, tokens)`` (the lesson passes the learner's ``transformer_flops``), or
+    torch's ``FlopCounterMode`` count on the meta device where ``flops_fn`` is None. Modes the
+    device cannot run are shown disabled, with the reason. ``run()`` is what the button calls, so
+    a test can drive it; the last results and bar heights stay on the object.
     """
 
     def __init__(
@@ -302,6 +304,7 @@ class BenchmarkDashboard:
         repeats: int = 1,
         warmup: int = 1,
         runner: Callable[..., list[Result]] = run_benchmark,
+        flops_fn: Callable[[GPTConfig, int], int] | None = None,
     ) -> None:
         if batch_size not in batch_sizes:
             raise ValueError(f"batch_size {batch_size} is not among {tuple(batch_sizes)}")
@@ -311,6 +314,7 @@ class BenchmarkDashboard:
         self.repeats = repeats
         self.warmup = warmup
         self.runner = runner
+        self.flops_fn = flops_fn
         self.reasons = {m: _unsupported(m, self.device, "gpt") for m in modes}
         self.checkboxes = {
             m: W.Checkbox(
@@ -384,6 +388,7 @@ class BenchmarkDashboard:
                 warmup=self.warmup,
                 device=self.device,
                 progress=self._on_progress,
+                flops_fn=self.flops_fn,
             )
         finally:
             self.button.disabled = False
@@ -429,7 +434,10 @@ class BenchmarkDashboard:
         if self.throughput_bars:
             self.ax_speed.set_ylim(0, 1.15 * max(self.throughput_bars.values()))
         peak = "datasheet" if sheet else "measured matmul"
-        self._bars(self.ax_mfu, self.mfu_bars, "tab:orange", "MFU (%)", f"MFU vs {peak} peak")
+        count = "your FLOP count" if self.flops_fn is not None else "FlopCounterMode's count"
+        self._bars(
+            self.ax_mfu, self.mfu_bars, "tab:orange", "MFU (%)", f"MFU vs {peak} peak\n({count})"
+        )
         if self.memory_bars:
             self._bars(self.ax_memory, self.memory_bars, "tab:green", "MiB",
                        "peak memory (max_memory_allocated)")  # fmt: skip

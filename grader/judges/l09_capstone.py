@@ -383,6 +383,7 @@ def distributed_step(obs: Observations) -> None:
     where = f"(hidden test seed {obs.seed}; {spec.config}, accum {spec.accum}, float16)"
     unbroken = _rank_checks(obs.next("unbroken"), WORLD, "the unbroken run")
     resumed = _rank_checks(obs.next("resumed"), WORLD, "the resumed run")
+    off_cpu = obs.next("off_cpu")
     with one_thread():
         want = reference_run(spec)
     k = spec.save_at[0]
@@ -440,6 +441,45 @@ def distributed_step(obs: Observations) -> None:
                 f"bit (model, optimizer, scaler, scheduler, RNG state and data position all "
                 f"restored) {where}",
             )
+
+    _check_off_cpu(off_cpu, where)
+
+
+def _check_off_cpu(loads: dict, where: str) -> None:
+    """``course.gpt_train.load_off_cpu``'s two loads of rank 0's checkpoint: the one into a model
+    on the meta device (a GPU's stand-in) must succeed and restore what the CPU one restores."""
+    check(
+        type(loads) is dict and set(loads) == {"cpu", "meta"},
+        f"the loads of the checkpoint into a run on the CPU and one on the meta device should "
+        f"both be recorded {where}",
+    )
+    cpu, meta = loads["cpu"], loads["meta"]
+    check(
+        cpu["error"] is None,
+        f"load_checkpoint failed on the CPU: {cpu['error']} {where}",
+    )
+    check(
+        meta["error"] is None,
+        f"load_checkpoint failed for a model that is not on the CPU (on the meta device, which "
+        f"stands in for a GPU and holds no data): {meta['error']}. Load the checkpoint onto the "
+        f"CPU (torch.load(path, map_location='cpu')): every generator state must reach "
+        f"torch.set_rng_state as a CPU ByteTensor, and load_state_dict copies the weights to "
+        f"the model's device {where}",
+    )
+    for key, what in (
+        ("rng", "the generator state"),
+        ("position", "the returned data position"),
+        ("scale", "the scaler's scale"),
+        ("lr", "the learning rate"),
+        ("last_epoch", "the scheduler's step count"),
+    ):
+        same = torch.equal(cpu[key], meta[key]) if key == "rng" else cpu[key] == meta[key]
+        check(
+            same,
+            f"loading into a model on the meta device (a GPU's stand-in) should restore "
+            f"{what} as loading into one on the CPU does: {meta[key]!r:.120} against "
+            f"{cpu[key]!r:.120}; load the checkpoint onto the CPU (map_location='cpu') {where}",
+        )
 
 
 JUDGES = {

@@ -303,6 +303,13 @@ def transformer_flops(config, tokens):
         "distributed_step",
         _step('    return state["position"]\n', "    return 0\n"),
     ),
+    # Loads the checkpoint onto the training device (the model's): on a GPU the generator states
+    # arrive as CUDA tensors, which torch.set_rng_state refuses. On the CPU every run resumes
+    # bit for bit; the tests also load into a model on the meta device, a GPU's stand-in.
+    "step_checkpoint_loaded_onto_the_device": (
+        "distributed_step",
+        _step('map_location="cpu"', "map_location=next(model.parameters()).device"),
+    ),
     # Saves no scheduler state: a resumed run restarts the warm-up.
     "step_checkpoint_without_scheduler": (
         "distributed_step",
