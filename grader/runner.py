@@ -34,9 +34,10 @@ kernel is asked, so a stuck kernel answers too). Cells without an entry get it a
 
 A cell whose kernel has published ``status: idle`` for it (which follows its last output on
 iopub) but whose ``execute_reply`` has not come :data:`REPLY_GRACE` seconds later has lost its
-reply on the way (ipykernel 7 relays replies between threads over inproc sockets). The runner
-then sends a ``kernel_info_request`` on the shell channel, which makes the kernel's shell thread
-read its sockets again; if the reply still does not come within as long again, the cell is
+reply on the way (seen with ipykernel 7 and 6, at a widget cell that ends the notebook; see
+grader/README.md). The runner then sends a ``kernel_info_request`` on the shell channel, in case
+a request wakes the kernel's shell socket; if the reply still does not come within as long
+again, the cell is
 completed from what iopub delivered (its status ``error`` if it showed an error, else ``ok``; a
 graded test's verdict asked for again), instead of waiting out the cell's limit. Either case
 leaves one event.
@@ -418,7 +419,7 @@ async def _run(request: dict, events: list, timing: dict) -> list:
                     continue
                 if current["nudged"] is None:
                     current["nudged"] = now
-                    client.kc.kernel_info()  # any request makes the shell thread read again
+                    client.kc.kernel_info()  # in case a request wakes the shell socket
                 elif now - current["nudged"] >= REPLY_GRACE:
                     events.append(
                         f"cell {index}: the kernel went idle {now - idle:.1f} s ago but its "
