@@ -61,6 +61,23 @@ CUDA_OUTSIDE_HEADER: dict[str, str] = {
     "cudnn_convolution_transpose": LOWER,
 }
 
+#: CUDA autocast kernels that only builds with cuDNN register (a CPU wheel has none of them):
+#: ``_cudnn_rnn``, the cuDNN kernel behind ``nn.LSTM``/``nn.GRU``/``nn.RNN`` on a GPU, whose
+#: wrapper (``aten/src/ATen/cudnn/AutocastRNN.cpp``, not shipped in the wheel) casts the input,
+#: the states and the flattened weights down (to float16 in the source read for this course;
+#: what it does under bfloat16 autocast was not measured here). Seen registered on a CUDA build
+#: (torch 2.11, an H200).
+CUDNN_BUILD_ONLY: dict[str, str] = {"_cudnn_rnn": LOWER}
+
+
+def _has_cuda_autocast_kernel(op: str) -> bool:
+    """Whether this torch build's dispatcher has an ``AutocastCUDA`` kernel for ``aten::op``."""
+    try:
+        return "\nAutocastCUDA:" in torch._C._dispatch_dump(f"aten::{op}")
+    except RuntimeError:  # no such op in this build
+        return False
+
+
 #: Python-level spellings and the aten op autocast sees for them.
 ATEN_NAME: dict[str, str] = {
     "__matmul__": "matmul",
@@ -108,10 +125,12 @@ def parse_header(text: str) -> dict[str, tuple[str, ...]]:
 
 def cuda_overloads() -> dict[str, str]:
     """``{"op.overload": policy}`` for every CUDA autocast kernel: the installed torch's header
-    lists plus :data:`CUDA_OUTSIDE_HEADER` (lesson 03)."""
+    lists plus :data:`CUDA_OUTSIDE_HEADER`, and the :data:`CUDNN_BUILD_ONLY` kernels this build
+    registers (lesson 03)."""
     lists = parse_header(HEADER.read_text())
     out = {name: HEADER_MACROS[macro] for macro, names in lists.items() for name in names}
-    return {**out, **CUDA_OUTSIDE_HEADER}
+    cudnn = {op: p for op, p in CUDNN_BUILD_ONLY.items() if _has_cuda_autocast_kernel(op)}
+    return {**out, **CUDA_OUTSIDE_HEADER, **cudnn}
 
 
 #: The CPU lists, by op overload: what :func:`measure_cpu_policy` measured under CPU autocast

@@ -36,7 +36,19 @@ def test_every_cuda_autocast_kernel_is_classified_and_every_listed_op_has_one():
     assert kernels - listed == set(), "CUDA autocast kernels on no list"
     assert listed - kernels == set(), "listed CUDA ops with no AutocastCUDA kernel"
     header = {n for names in A.parse_header(A.HEADER.read_text()).values() for n in names}
-    assert kernels - header == set(A.CUDA_OUTSIDE_HEADER)
+    cudnn = {op for op in A.CUDNN_BUILD_ONLY if op in kernels}
+    assert kernels - header == set(A.CUDA_OUTSIDE_HEADER) | cudnn
+    if torch.version.cuda is None:  # a CPU wheel registers no cuDNN kernel
+        assert cudnn == set()
+
+
+def test_a_cudnn_builds_rnn_kernel_is_listed_where_the_dispatcher_has_it(monkeypatch):
+    """A CUDA build with cuDNN registers an AutocastCUDA kernel for _cudnn_rnn (seen on an
+    H200 with torch 2.11): the lists then include it, so no kernel is left unclassified."""
+    assert "_cudnn_rnn" not in A.cuda_overloads() or torch.version.cuda is not None
+    real = A._has_cuda_autocast_kernel
+    monkeypatch.setattr(A, "_has_cuda_autocast_kernel", lambda op: op == "_cudnn_rnn" or real(op))
+    assert A.cuda_overloads()["_cudnn_rnn"] == A.LOWER
 
 
 def test_every_cpu_autocast_kernel_is_measured_and_every_probe_has_one():
