@@ -516,7 +516,8 @@ def compile_offered(profile: DeviceProfile) -> tuple[bool, str]:
     """Whether lesson 09 measures ``+compile`` modes here, and why not (lesson 09).
 
     Inductor's GPU code needs Triton, which needs compute capability 7.0+ (torch's
-    ``GPUTooOldForTriton``); on a CPU its first step compiles C++ for minutes, and its MPS
+    ``GPUTooOldForTriton``); on a CPU its first step compiles C++ first (tens of seconds for the
+    lesson's CPU model on 2 cores), more than the lesson's time budget allows, and its MPS
     backend is not one the lesson relies on; Triton ships no Windows wheels.
     """
     if profile.os == "windows" and profile.is_gpu:
@@ -529,7 +530,10 @@ def compile_offered(profile: DeviceProfile) -> tuple[bool, str]:
     if profile.kind == "rocm":
         return True, "torch.compile (Inductor, Triton kernels for ROCm)"
     if profile.kind == "cpu":
-        return False, "on a CPU the first compiled step builds C++ for minutes: left out here"
+        return False, (
+            "on a CPU the first compiled step builds C++ before it runs, more than this lesson's "
+            "time budget allows: left out here"
+        )
     return False, f"torch.compile's {profile.device_type} backend is not one this lesson relies on"
 
 
