@@ -223,10 +223,15 @@ def test_dashboard_shows_progress_while_running_and_needs_a_mode():
             for m in ["fp32", *modes]
         ]
 
-    dash = BenchmarkDashboard("cpu", runner=fake_runner)
+    def learners_count(config, tokens):  # the lesson passes its transformer_flops
+        return 6 * tokens
+
+    dash = BenchmarkDashboard("cpu", runner=fake_runner, flops_fn=learners_count)
     dash.compile.value = True
     dash.run()
     assert asked["modes"] == ["fp32+compile", "bf16-amp+compile"] and asked["model"] == "gpt"
+    assert asked["flops_fn"] is learners_count, "the MFU must come from the learner's count"
+    assert "your FLOP count" in dash.ax_mfu.get_title()
     assert seen == [(1, 3, True), (2, 3, True), (3, 3, True)]
     assert dash.throughput_bars["fp32"] == pytest.approx(8 * 64 / 0.01)
     for box in dash.checkboxes.values():
