@@ -392,3 +392,41 @@ def test_two_rank_section_is_left_out_without_a_cpu_scaled_mm(capsys):
     assert not launched and namespace["gather"] == {} and namespace["chosen"] == []
     assert "the 2-rank experiment is left out" in out and reason in out
     assert "no plot" in out
+
+
+def test_the_pages_round_up_rule_saturates_nothing_and_matches_torchaos_rceil():
+    """Lesson 08's two MX rules on random blocks with a wide spread: the solution's floor rule
+    equals torchao's FLOOR and the page's round-up rule (``mx_quantize_rceil``) its RCEIL, bit
+    for bit; the floor rule saturates some blocks' largest elements, the round-up rule none."""
+    import ast
+
+    import nbformat
+
+    from tests.conftest import SOLUTIONS, lesson_notebook
+
+    pytest.importorskip("torchao.prototype.mx_formats")
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+    from torchao.prototype.mx_formats.mx_tensor import to_mx
+
+    nb = nbformat.read(lesson_notebook(SOLUTIONS, "08-float8"), as_version=4)
+    cells = [c.source for c in nb.cells if c.cell_type == "code"]
+    namespace = {"torch": torch, "fp8_max": fp8_max, "fp8_emax": F8.fp8_emax}
+    for name in ("mx_quantize", "mx_quantize_rceil"):  # the functions alone, not the cells
+        tree = ast.parse(next(s for s in cells if s.startswith(f"def {name}(")))
+        only = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+        exec(compile(ast.Module(only, []), name, "exec"), namespace)  # noqa: S102
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(64, 256, generator=gen) * torch.exp2(torch.randint(-20, 20, (64, 1)).float())
+    fmax = fp8_max(torch.float8_e4m3fn)
+    saturated = {}
+    for rule, mode, mine in (
+        ("floor", ScaleCalculationMode.FLOOR, namespace["mx_quantize"]),
+        ("rceil", ScaleCalculationMode.RCEIL, namespace["mx_quantize_rceil"]),
+    ):
+        scale, data = to_mx(x.contiguous(), torch.float8_e4m3fn, 32, mode)
+        q, e = mine(x, 32, torch.float8_e4m3fn)
+        assert torch.equal(scale.view(torch.uint8).int().reshape(e.shape) - 127, e.int()), rule
+        assert torch.equal(data.view(torch.uint8), q.view(torch.uint8)), rule
+        per_element = e.repeat_interleave(32, dim=-1).float()
+        saturated[rule] = int(((x * torch.exp2(-per_element)).abs() > fmax).sum())
+    assert saturated["floor"] > 0 and saturated["rceil"] == 0, saturated
