@@ -299,9 +299,10 @@ def test_ranks_are_not_forked_from_the_caller_where_fork_is_unsafe_and_get_funct
         time.sleep(600)
 
     if method == "forkserver":  # its ranks are the server's children, not this process's
+        before = set(child_pids())  # other tests' kernels may be alive in this process
         with pytest.raises(LaunchTimeout):
             launch(sleeper, 2, timeout=2, show_output=False)
-        assert child_pids() == [], "a timed-out rank outlived its launch"
+        assert set(child_pids()) <= before, "a timed-out rank outlived its launch"
     monkeypatch.setattr(D, "default_start_method", lambda backend="gloo": "fork")
     forked = launch(cell_function, 2, timeout=120, show_output=False)
     assert all(r["inherited_pytest"] for r in forked), "without a GPU, ranks are forked"
