@@ -71,6 +71,33 @@ STALL_DEFAULT = 60.0
 #: Seconds after a cell's ``status: idle`` without its ``execute_reply`` before the runner nudges
 #: the kernel's shell channel, and again before it completes the cell without the reply.
 REPLY_GRACE = 5.0
+#: Longest wait of one poll of the shell channel: a zmq socket wakes its asyncio reader through
+#: an edge-triggered file descriptor, and a missed edge leaves a reply in the client's socket
+#: until the poll times out; a new poll reads the socket's events at once (the course's
+#: ``course.selfcheck.poll_in_slices``, which this isolated process cannot import).
+POLL_SLICE = 1.0
+#: A reply that comes this long after its cell's ``status: idle`` was found by a later poll.
+LATE_REPLY = 0.5
+
+
+def _sliced(get):
+    """``get`` (an async channel's ``get_msg``) waiting in polls of at most :data:`POLL_SLICE`."""
+    from queue import Empty
+
+    async def get_msg(timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            try:
+                return await get(
+                    timeout=POLL_SLICE if left is None else max(0.0, min(POLL_SLICE, left))
+                )
+            except Empty:
+                if left is not None and left <= POLL_SLICE:
+                    raise
+
+    return get_msg
+
 
 #: x86-64 and aarch64 numbers of the system calls a waiting thread is usually in.
 SYSCALLS = {
@@ -374,7 +401,7 @@ async def _run(request: dict, events: list, timing: dict) -> list:
         fresh_cell(0.0)
 
         def logged(channel, name):
-            get = channel.get_msg
+            get = _sliced(channel.get_msg) if name == "shell" else channel.get_msg
 
             async def next_msg(*args, **kwargs):
                 if name != "shell":
@@ -398,11 +425,17 @@ async def _run(request: dict, events: list, timing: dict) -> list:
                         if kind == "status:idle":
                             current["idle"] = time.monotonic()
                     current["error"] = current["error"] or kind == "error"
+                    late = current["idle"] and time.monotonic() - current["idle"]
                     if kind == "execute_reply" and current["nudged"] and not current["reply"]:
                         events.append(
                             f"cell {current['index']}: its execute_reply came only after the "
-                            f"shell channel was nudged, {time.monotonic() - current['idle']:.1f} s "
-                            "after the kernel went idle"
+                            f"shell channel was nudged, {late:.1f} s after the kernel went idle"
+                        )
+                    elif kind == "execute_reply" and late and late > LATE_REPLY:
+                        events.append(
+                            f"cell {current['index']}: its execute_reply was found by a new poll "
+                            f"of the shell channel {late:.1f} s after the kernel went idle (a "
+                            "wake-up the client's socket missed)"
                         )
                     current["reply"] = current["reply"] or kind == "execute_reply"
                     log.append((time.monotonic() - current["start"], f"{name} {kind}"))

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
 from nbformat import NotebookNode
 from nbgrader.utils import determine_grade
 
+from course.selfcheck import notebook_client
 from grader.judge import judge_cell
 from grader.keys import seed_for
 from grader.observe import MIME, OBSERVER
@@ -208,7 +208,7 @@ class LessonKernel:
         self.cwd = Path(cwd) if cwd else self.path.parent
         self.executed: NotebookNode = nbformat.read(self.path, as_version=4)
         self._original = nbformat.read(self.path, as_version=4)
-        self._client = NotebookClient(
+        self._client = notebook_client(
             self.executed,
             timeout=timeout,
             kernel_name=kernel_name,

@@ -47,3 +47,46 @@ def test_check_command_on_a_missing_notebook(tmp_path, capsys):
 
     assert grader_main(["check", str(tmp_path / "nope.ipynb")]) == 2
     assert "no such notebook" in capsys.readouterr().err
+
+
+def test_a_reply_a_poll_missed_is_found_within_a_slice():
+    """A channel whose poll misses the wake-up (as pyzmq's can: the message is only seen when
+    the poll times out): polled in slices, a reply that arrived after 0.2 s is returned within
+    about a second, not at the caller's 30 s timeout; with nothing to read, Empty still comes
+    at the timeout."""
+    import asyncio
+    import time
+    from queue import Empty
+
+    import pytest
+
+    from course.selfcheck import poll_in_slices
+
+    class MissesWakeUps:
+        def __init__(self, arrives_after: float | None) -> None:
+            self.arrives = None if arrives_after is None else time.monotonic() + arrives_after
+
+        async def get_msg(self, timeout=None):
+            await asyncio.sleep(timeout)  # deaf until the timeout, then the events are read
+            if self.arrives is not None and time.monotonic() >= self.arrives:
+                return {"msg_type": "execute_reply"}
+            raise Empty
+
+    async def timed(channel, timeout):
+        start = time.monotonic()
+        try:
+            return await channel.get_msg(timeout=timeout), time.monotonic() - start
+        except Empty:
+            return None, time.monotonic() - start
+
+    late = MissesWakeUps(arrives_after=0.2)
+    poll_in_slices(late, every=0.5)
+    reply, took = asyncio.run(timed(late, 30.0))
+    assert reply == {"msg_type": "execute_reply"} and took < 2.0, took
+    silent = MissesWakeUps(arrives_after=None)
+    poll_in_slices(silent, every=0.5)
+    reply, took = asyncio.run(timed(silent, 1.2))
+    assert reply is None and 1.1 < took < 2.0, took
+    unsliced = MissesWakeUps(arrives_after=0.2)
+    with pytest.raises(asyncio.TimeoutError):  # what the slices prevent: the wait to the end
+        asyncio.run(asyncio.wait_for(unsliced.get_msg(timeout=30.0), 2.0))
