@@ -34,10 +34,10 @@ kernel is asked, so a stuck kernel answers too). Cells without an entry get it a
 
 A cell whose kernel has published ``status: idle`` for it (which follows its last output on
 iopub) but whose ``execute_reply`` has not come :data:`REPLY_GRACE` seconds later has lost its
-reply on the way (seen with ipykernel 7 and 6, at a widget cell that ends the notebook; see
-grader/README.md). The runner then sends a ``kernel_info_request`` on the shell channel, in case
-a request wakes the kernel's shell socket; if the reply still does not come within as long
-again, the cell is
+reply on the way. The shell channel is polled in slices of :data:`POLL_SLICE` (a missed wake-up
+of the client's zmq socket left replies there until the poll timed out; see grader/README.md),
+so this is the last resort: the runner sends a ``kernel_info_request`` on the shell channel;
+if the reply still does not come within as long again, the cell is
 completed from what iopub delivered (its status ``error`` if it showed an error, else ``ok``; a
 graded test's verdict asked for again), instead of waiting out the cell's limit. Either case
 leaves one event.
