@@ -56,6 +56,7 @@ def test_a_reply_a_poll_missed_is_found_within_a_slice():
     at the timeout."""
     import asyncio
     import time
+    from concurrent.futures import ThreadPoolExecutor
     from queue import Empty
 
     import pytest
@@ -72,6 +73,10 @@ def test_a_reply_a_poll_missed_is_found_within_a_slice():
                 return {"msg_type": "execute_reply"}
             raise Empty
 
+    def run(coroutine):  # a loop of its own, in a thread: the test's thread may have one running
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, coroutine).result()
+
     async def timed(channel, timeout):
         start = time.monotonic()
         try:
@@ -81,12 +86,12 @@ def test_a_reply_a_poll_missed_is_found_within_a_slice():
 
     late = MissesWakeUps(arrives_after=0.2)
     poll_in_slices(late, every=0.5)
-    reply, took = asyncio.run(timed(late, 30.0))
+    reply, took = run(timed(late, 30.0))
     assert reply == {"msg_type": "execute_reply"} and took < 2.0, took
     silent = MissesWakeUps(arrives_after=None)
     poll_in_slices(silent, every=0.5)
-    reply, took = asyncio.run(timed(silent, 1.2))
+    reply, took = run(timed(silent, 1.2))
     assert reply is None and 1.1 < took < 2.0, took
     unsliced = MissesWakeUps(arrives_after=0.2)
     with pytest.raises(asyncio.TimeoutError):  # what the slices prevent: the wait to the end
-        asyncio.run(asyncio.wait_for(unsliced.get_msg(timeout=30.0), 2.0))
+        run(asyncio.wait_for(unsliced.get_msg(timeout=30.0), 2.0))
