@@ -30,6 +30,8 @@ from queue import Empty
 from typing import Any
 
 import nbformat
+from nbconvert.preprocessors import Preprocessor
+from traitlets import Bool
 
 _BEGIN, _END = "### BEGIN " + "HIDDEN TESTS", "### END " + "HIDDEN TESTS"  # not literal: the
 # student kit is checked to contain no nbgrader markers.
@@ -46,6 +48,47 @@ class ExerciseResult:
     points: float
     status: str  # "passed" | "failed" | "not attempted"
     message: str = ""
+
+
+def warnings_are_not_failures(cell: Any) -> Any:
+    """Apply the course's one scoring rule to an executed cell; returns the cell.
+
+    In a graded test cell, what the code wrote to stderr (a warning, a log line) stays in the
+    outputs, as stdout, so the student still reads it, but it is no longer a failure: nbgrader's
+    ``determine_grade`` and its Validate button score a test cell with any stderr output 0, and a
+    correct answer that makes torch or NumPy warn would lose its points. Only an error output
+    fails a test. The sandboxed grader, plain ``nbgrader autograde`` and Validate
+    (:class:`WarningsAreNotFailures`), the test suite's seam and :func:`check_my_work` all apply
+    it between execution and scoring.
+    """
+    meta = _nbgrader(cell)
+    if cell.get("cell_type") == "code" and meta.get("grade") and not meta.get("solution"):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stderr":
+                out["name"] = "stdout"
+    return cell
+
+
+class WarningsAreNotFailures(Preprocessor):
+    """:func:`warnings_are_not_failures` on every cell, as an nbconvert step after nbgrader's
+    ``Execute``: in ``Autograde.autograde_preprocessors`` (``grader/nbgrader_config.py``) and in
+    the Validate button's steps (``jupyter/common/nbgrader_config.py``)."""
+
+    enabled = Bool(True)  # nbconvert's preprocessors are off unless enabled
+
+    def preprocess(self, nb: Any, resources: dict) -> tuple[Any, dict]:
+        for cell in nb.cells:
+            warnings_are_not_failures(cell)
+        return nb, resources
+
+
+def failure_message(cell: Any) -> str | None:
+    """The message of an executed test cell's first error, or None when it passed (see
+    :func:`warnings_are_not_failures`: warnings and log lines are not failures)."""
+    errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    if not errors:
+        return None
+    return ANSI.sub("", f"{errors[0].get('ename', 'Error')}: {errors[0].get('evalue', '')}")
 
 
 def _nbgrader(cell) -> dict:
@@ -159,7 +202,7 @@ def check_notebook(path: str | Path, timeout: float = 600.0) -> list[ExerciseRes
         gid = str(meta.get("grade_id", "?"))
         exercise = gid.removesuffix("_tests")
         points = float(meta.get("points", 0) or 0)
-        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        failure = failure_message(warnings_are_not_failures(cell))
         if exercise in unattempted:
             results.append(
                 ExerciseResult(
@@ -169,10 +212,8 @@ def check_notebook(path: str | Path, timeout: float = 600.0) -> list[ExerciseRes
                     "the solution cell still raises NotImplementedError",
                 )
             )
-        elif errors:
-            err = errors[0]
-            message = ANSI.sub("", f"{err.get('ename', 'Error')}: {err.get('evalue', '')}")
-            results.append(ExerciseResult(exercise, points, "failed", message))
+        elif failure is not None:
+            results.append(ExerciseResult(exercise, points, "failed", failure))
         else:
             results.append(ExerciseResult(exercise, points, "passed"))
     return results

@@ -9,7 +9,9 @@ checks checksums and saves grades; only the kernel runs elsewhere. Settings come
 A graded test cell counts as passed only if the kernel's reply for it was ``ok``: any other status
 (error, timeout, dead kernel, restore failed, not run) gets an error output, which is what
 nbgrader's ``determine_grade`` scores as zero. Then the converted hidden tests' observations are
-judged here (:func:`judge`, :mod:`grader.judge`): a judge's failure is an error output too.
+judged here (:func:`judge`, :mod:`grader.judge`): a judge's failure is an error output too. Last,
+the course's scoring rule (:func:`course.selfcheck.warnings_are_not_failures`): what a test cell
+wrote to stderr stays visible but costs nothing (nbgrader's ``determine_grade`` zeroes it).
 """
 
 from __future__ import annotations
@@ -22,10 +24,16 @@ import time
 from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
 
+from course.selfcheck import warnings_are_not_failures
 from grader.cells import cell_limits, graded_test_cells, stall_after, timeouts_from_answer
 from grader.sandbox import Settings, execute
 
-__all__ = ["SandboxedExecute", "apply_answer", "graded_test_cells", "record_timing"]
+__all__ = [
+    "SandboxedExecute",
+    "apply_answer",
+    "graded_test_cells",
+    "record_timing",
+]
 
 
 def apply_answer(nb: NotebookNode, answer: dict) -> dict[int, str]:
@@ -116,6 +124,8 @@ class SandboxedExecute(Execute):
         )
         statuses = apply_answer(nb, answer)
         statuses.update(judge(nb, resources, settings))
+        for index in graded_test_cells(nb):
+            warnings_are_not_failures(nb.cells[index])
         events_file = os.environ.get("GRADER_EVENTS")
         if events_file:
             cells = {}

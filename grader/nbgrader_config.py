@@ -41,3 +41,30 @@ c.PenaltyPerDay.grace_minutes = 0
 # nbgrader's exchange (JupyterHub courses): one root for nbgrader, formgrader and `intake
 # --exchange` (this is nbgrader's own default).
 c.Exchange.root = "/usr/local/share/nbgrader/exchange"
+
+# The course's scoring rule: what a graded test cell writes to stderr (a warning, a log line)
+# stays visible but never costs points; only an error fails a test (nbgrader's determine_grade
+# would score any stderr 0). A step right after nbgrader's Execute in plain `nbgrader autograde`
+# (`python -m grader autograde` applies it in its SandboxedExecute); Validate: jupyter/common.
+from nbconvert.preprocessors import ClearMetadataPreprocessor  # noqa: E402
+from nbgrader.preprocessors import (  # noqa: E402
+    AssignLatePenalties,
+    CheckCellMetadata,
+    Execute,
+    IgnorePattern,
+    LimitOutput,
+    SaveAutoGrades,
+)
+
+from course.selfcheck import WarningsAreNotFailures  # noqa: E402
+
+c.Autograde.autograde_preprocessors = [
+    Execute,
+    WarningsAreNotFailures,
+    IgnorePattern,
+    ClearMetadataPreprocessor,
+    LimitOutput,
+    SaveAutoGrades,
+    AssignLatePenalties,
+    CheckCellMetadata,
+]

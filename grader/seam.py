@@ -5,8 +5,9 @@ lesson executed again: the exercise's test cell depends only on what the cells b
 :class:`LessonKernel` executes a source notebook (``solutions/``, hidden tests included) top to
 bottom in one kernel, then :meth:`LessonKernel.run_exercise` runs another version of one
 exercise's solution cell followed by that exercise's test cell and scores the test cell exactly
-as ``nbgrader autograde`` would (:func:`nbgrader.utils.determine_grade`: an error *or anything on
-stderr* scores zero). Afterwards the notebook's own solution cell is run again, so the next
+as the grader does: :func:`course.selfcheck.warnings_are_not_failures` (a warning or a log line on
+stderr is output, not a failure), then :func:`nbgrader.utils.determine_grade` (an error scores
+zero). Afterwards the notebook's own solution cell is run again, so the next
 exercise sees the reference definitions. The test suite and ``python -m grader.audit`` use it.
 
 Graded test cells run as in the sandbox: with globals of their own, a copy of the notebook's
@@ -28,7 +29,7 @@ import nbformat
 from nbformat import NotebookNode
 from nbgrader.utils import determine_grade
 
-from course.selfcheck import notebook_client
+from course.selfcheck import notebook_client, warnings_are_not_failures
 from grader.judge import judge_cell
 from grader.keys import seed_for
 from grader.observe import MIME, OBSERVER
@@ -47,6 +48,8 @@ class ExerciseRun:
     max_score: float
     error: str
     seconds: float
+    #: what the test cell wrote to stderr (warnings, log lines): shown, never scored
+    stderr: str = ""
 
     @property
     def passed(self) -> bool:
@@ -193,7 +196,8 @@ class LessonKernel:
 
     Use as a context manager: entering starts the kernel and executes every cell (errors are
     kept in the outputs, as nbgrader does); leaving shuts the kernel down. ``executed`` is the
-    notebook as it ran, with outputs. ``cwd`` defaults to the notebook's folder.
+    notebook as it ran, with outputs. ``cwd`` defaults to the notebook's folder; ``env``, the
+    kernel's environment (default: this process's).
     """
 
     def __init__(
@@ -203,6 +207,7 @@ class LessonKernel:
         cwd: Path | None = None,
         timeout: int = 600,
         kernel_name: str = "python3",
+        env: dict[str, str] | None = None,
     ) -> None:
         self.path = Path(notebook)
         self.cwd = Path(cwd) if cwd else self.path.parent
@@ -215,6 +220,7 @@ class LessonKernel:
             allow_errors=True,
             resources={"metadata": {"path": str(self.cwd)}},
         )
+        self._env = env
         self._stack = contextlib.ExitStack()
         self._extra = 0
         self.seconds = 0.0
@@ -223,7 +229,8 @@ class LessonKernel:
 
     def __enter__(self) -> LessonKernel:
         start = time.perf_counter()
-        self._stack.enter_context(self._client.setup_kernel())
+        extra = {} if self._env is None else {"env": self._env}
+        self._stack.enter_context(self._client.setup_kernel(**extra))
         try:
             harness = HARNESS.replace("__OBSERVER__", repr(OBSERVER))
             self.run_code(f"exec({harness.replace('__MIME__', repr(MIME))!r}, {{}})")
@@ -341,7 +348,7 @@ class LessonKernel:
             if not meta.get("grade"):
                 continue
             if cell.cell_type == "code" and not meta.get("solution"):
-                score, max_score = determine_grade(cell)
+                score, max_score = determine_grade(warnings_are_not_failures(cell))
                 found[meta["grade_id"]] = (float(score or 0.0), float(max_score), True)
             else:
                 found[meta["grade_id"]] = (0.0, float(meta.get("points", 0)), False)
@@ -388,7 +395,12 @@ class LessonKernel:
             cell = self._run(test_call(test.source, f"<test cell {grade_id}_tests>"))
             cell.metadata = test.metadata
             judge_cell(cell, self.lesson, self._seed_of(key, student))
-            score, max_score = determine_grade(cell)
+            stderr = "".join(
+                "".join(o.get("text", ""))
+                for o in cell.outputs
+                if o.get("output_type") == "stream" and o.get("name") == "stderr"
+            )
+            score, max_score = determine_grade(warnings_are_not_failures(cell))
             error = _error_text(cell)
             if any(o.get("output_type") == "error" for o in answer.outputs):
                 error = f"(the solution cell itself raised: {_error_text(answer)})\n{error}"
@@ -398,5 +410,10 @@ class LessonKernel:
             if source is not None:
                 self._run(solution)
         return ExerciseRun(
-            grade_id, float(score or 0.0), float(max_score), error, time.perf_counter() - start
+            grade_id,
+            float(score or 0.0),
+            float(max_score),
+            error,
+            time.perf_counter() - start,
+            stderr,
         )

@@ -45,10 +45,16 @@ def test_a_cell_that_raises_does_not_leave_the_reference_defined(kernel):
     assert kernel.run_exercise("triple").passed
 
 
-def test_anything_on_stderr_scores_zero_as_in_nbgrader(kernel):
-    source = "import sys\n\ndef halve(x):\n    print('hm', file=sys.stderr)\n    return x / 2\n"
-    run = kernel.run_exercise("halve", source)
-    assert run.score == 0 and "stderr: hm" in run.error
+def test_stderr_is_shown_but_never_scored(kernel):
+    """The course's rule (course.selfcheck.warnings_are_not_failures), not nbgrader's own
+    determine_grade, which scores any stderr 0: a correct answer that writes there keeps its
+    points, a wrong one still loses them."""
+    right = "import sys\n\ndef halve(x):\n    print('hm', file=sys.stderr)\n    return x / 2\n"
+    run = kernel.run_exercise("halve", right)
+    assert run.passed and "hm\n" in run.stderr and not run.error, run
+    wrong = right.replace("x / 2", "x / 3")
+    run = kernel.run_exercise("halve", wrong)
+    assert run.score == 0 and "Not equal" in run.error and "hm\n" in run.stderr, run
 
 
 def test_grading_key_makes_the_hidden_seed_reproducible(kernel):
