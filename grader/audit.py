@@ -25,6 +25,7 @@ confidence). This is not a timed test: a full audit takes minutes per lesson.
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import json
 import secrets
@@ -115,11 +116,76 @@ def _variant_modules(lesson: str, root: Path) -> Iterator[object]:
 def valid_variants(lesson: str, root: Path = REPO_ROOT) -> dict[str, tuple[str, str]]:
     """``{name: (grade_id, source)}``: the valid alternatives for ``lesson`` in ``tests/variants/``.
 
-    A lesson without a variants file, or a file without ``VALID``, has none.
+    With them, every exercise's solution made to warn and to log (:func:`noisy_variants`).
     """
     found: dict[str, tuple[str, str]] = {}
     for module in _variant_modules(lesson, root):
         found.update(getattr(module, "VALID", {}))
+    notebook = root / "solutions" / lesson / f"{lesson}.ipynb"
+    if notebook.is_file():
+        found.update(noisy_variants(notebook))
+    return found
+
+
+#: What the generated noisy variants write to stderr (a test asserts the text reached the cell).
+NOISE = {
+    "warns": (
+        "import warnings as _noisy_w\n"
+        "with _noisy_w.catch_warnings():\n"
+        "    _noisy_w.simplefilter('always')\n"
+        "    _noisy_w.warn('a correct answer that warns', UserWarning, stacklevel=2)\n"
+    ),
+    "logs": (
+        "import logging as _noisy_l\n"
+        "_noisy_l.getLogger('student').warning('a correct answer that logs')\n"
+    ),
+}
+
+
+def make_noisy(source: str, noise: str) -> str:
+    """``source`` with ``NOISE[noise]`` run first in every function and method it defines: the
+    same answer, which warns (or logs) whenever it is called, as torch's and NumPy's warnings and
+    a student's own ``logging`` do. A correct answer that warns must keep its points."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            doc = int(
+                bool(body)
+                and isinstance(body[0], ast.Expr)
+                and isinstance(getattr(body[0], "value", None), ast.Constant)
+                and isinstance(body[0].value.value, str)
+            )
+            node.body = [*body[:doc], *ast.parse(NOISE[noise]).body, *body[doc:]]
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+
+
+def noisy_variants(
+    notebook: Path, exercises: Iterable[str] | None = None
+) -> dict[str, tuple[str, str]]:
+    """``{"<exercise>__warns"|"<exercise>__logs": (exercise, source)}``: valid variants made from
+    each exercise's solution cell (or those of ``exercises``) with :func:`make_noisy`. Exercises
+    whose solution defines no function have none."""
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    ids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb.cells}
+    wanted = set(exercises) if exercises is not None else None
+    found: dict[str, tuple[str, str]] = {}
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        gid = meta.get("grade_id")
+        if cell.cell_type != "code" or not meta.get("solution") or f"{gid}_tests" not in ids:
+            continue
+        if wanted is not None and gid not in wanted:
+            continue
+        if not any(
+            isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+            for n in ast.walk(ast.parse(cell.source))
+        ):
+            continue
+        for noise in NOISE:
+            found[f"{gid}__{noise}"] = (gid, make_noisy(cell.source, noise))
     return found
 
 

@@ -50,6 +50,8 @@ class ExerciseRun:
     seconds: float
     #: what the test cell wrote to stderr (warnings, log lines): shown, never scored
     stderr: str = ""
+    #: everything the test cell printed, stdout and stderr (ranks' lines are replayed on stdout)
+    printed: str = ""
 
     @property
     def passed(self) -> bool:
@@ -395,11 +397,10 @@ class LessonKernel:
             cell = self._run(test_call(test.source, f"<test cell {grade_id}_tests>"))
             cell.metadata = test.metadata
             judge_cell(cell, self.lesson, self._seed_of(key, student))
-            stderr = "".join(
-                "".join(o.get("text", ""))
-                for o in cell.outputs
-                if o.get("output_type") == "stream" and o.get("name") == "stderr"
-            )
+            streams = [o for o in cell.outputs if o.get("output_type") == "stream"]
+            text = ["".join(o.get("text", "")) for o in streams]
+            stderr = "".join(t for o, t in zip(streams, text, strict=True) if o["name"] == "stderr")
+            printed = "".join(text)
             score, max_score = determine_grade(warnings_are_not_failures(cell))
             error = _error_text(cell)
             if any(o.get("output_type") == "error" for o in answer.outputs):
@@ -416,4 +417,5 @@ class LessonKernel:
             error,
             time.perf_counter() - start,
             stderr,
+            printed,
         )

@@ -17,6 +17,7 @@ from grader.seam import bound_names, is_test_cell
 from tests.conftest import (
     BROKEN,
     LESSON_IDS,
+    NOISY_EXERCISES,
     SEED_SAMPLE,
     VALID_VARIANTS,
     WRONG_VARIANTS,
@@ -107,6 +108,21 @@ def test_valid_alternative_keeps_full_marks(graded, lesson, variant):
     assert run.passed, (
         f"{variant} (a correct {grade_id}) lost points: {run.score}/{run.max_score}\n{run.error}"
     )
+
+
+NOISY = [_grouped(lesson, *NOISY_EXERCISES[lesson]) for lesson in LESSON_IDS]
+
+
+@pytest.mark.parametrize("lesson,exercise,noise", NOISY)
+def test_a_correct_answer_that_warns_or_logs_keeps_its_points(graded, lesson, exercise, noise):
+    """The solution made to warn (or log) every time it is called (grader.audit.make_noisy):
+    what it writes is shown in the test cell (on stderr; a rank's lines are replayed on stdout),
+    and costs nothing (nbgrader alone would score stderr 0:
+    course.selfcheck.warnings_are_not_failures)."""
+    run = graded.variant(lesson, f"{exercise}__{noise}")
+    said = {"warns": "a correct answer that warns", "logs": "a correct answer that logs"}[noise]
+    assert said in run.printed, f"{exercise}: the {noise} variant printed nothing: {run}"
+    assert run.passed, f"{exercise} ({noise}) lost points: {run.score}/{run.max_score}\n{run.error}"
 
 
 #: Names IPython itself rebinds at every execution (output and input history), not a student's.
