@@ -303,16 +303,20 @@ def matmul_tflops(
     device: torch.device | str,
     fmt: torch.dtype = torch.float8_e4m3fn,
     min_run_time: float = 0.2,
-) -> list[dict[str, float]]:
+) -> list[dict[str, float | None]]:
     """Time an ``n x n x n`` bfloat16 matmul and a float8 ``F.scaled_mm`` (lesson 08).
 
     For each ``n``: ``a @ b`` in bfloat16, and ``torch.nn.functional.scaled_mm(a8, b8, one,
-    ScalingType.TensorWise, one, ScalingType.TensorWise, output_dtype=torch.bfloat16)`` on float8
-    operands (``a8`` row-major, ``b8`` column-major, as the CUDA kernel requires; tensor-wise
-    float32 scales). Timed with ``torch.utils.benchmark``
-    (``blocked_autorange`` synchronizes CUDA). Returns rows with ``n``, the median seconds and
-    TFLOP/s (2 n^3 FLOPs) of each. Meaningful only on a GPU with float8 tensor cores; on a CPU
-    it runs (torch 2.13 has CPU kernels for it), but its times say nothing about float8 hardware.
+    ScalingType.TensorWise, one, ScalingType.TensorWise, output_dtype=torch.bfloat16,
+    use_fast_accum=...)`` on float8 operands (``a8`` row-major, ``b8`` column-major, as the CUDA
+    kernel requires; tensor-wise float32 scales), once with ``use_fast_accum=False`` (its
+    default, ``fp8``) and once with ``True`` (``fp8_fast``: the tensor cores' faster, less precise
+    accumulation, which torchao's float8 training asks for in the forward GEMM; it makes a
+    difference on Hopper). Timed with ``torch.utils.benchmark`` (``blocked_autorange``
+    synchronizes CUDA). Returns rows with ``n``, the median seconds and TFLOP/s (2 n^3 FLOPs) of
+    each; ``fp8_fast_s`` and ``fp8_fast_tflops`` are None where the kernel refuses the flag.
+    Meaningful only on a GPU with float8 tensor cores; on a CPU it runs (torch 2.13 has CPU
+    kernels for it), but its times say nothing about float8 hardware.
     """
     from torch.utils.benchmark import Timer
 
@@ -327,22 +331,71 @@ def matmul_tflops(
         one = torch.ones((), device=device, dtype=torch.float32)
         env = {"F": F, "torch": torch, "a": a, "b": b, "a8": a8, "b8": b8, "one": one}
         bf16 = Timer("a @ b", globals=env).blocked_autorange(min_run_time=min_run_time)
-        fp8 = Timer(
-            "F.scaled_mm(a8, b8, one, F.ScalingType.TensorWise, one, F.ScalingType.TensorWise,"
-            " output_dtype=torch.bfloat16)",
-            globals=env,
-        ).blocked_autorange(min_run_time=min_run_time)
+        fp8 = {}
+        for fast in (False, True):
+            stmt = (
+                "F.scaled_mm(a8, b8, one, F.ScalingType.TensorWise, one, F.ScalingType.TensorWise,"
+                f" output_dtype=torch.bfloat16, use_fast_accum={fast})"
+            )
+            try:
+                fp8[fast] = (
+                    Timer(stmt, globals=env).blocked_autorange(min_run_time=min_run_time).median
+                )
+            except (NotImplementedError, RuntimeError, ValueError):
+                if not fast:
+                    raise
+                fp8[fast] = None
         flops = 2.0 * n**3
         rows.append(
             {
                 "n": n,
                 "bf16_s": bf16.median,
-                "fp8_s": fp8.median,
+                "fp8_s": fp8[False],
+                "fp8_fast_s": fp8[True],
                 "bf16_tflops": flops / bf16.median / 1e12,
-                "fp8_tflops": flops / fp8.median / 1e12,
+                "fp8_tflops": flops / fp8[False] / 1e12,
+                "fp8_fast_tflops": None if fp8[True] is None else flops / fp8[True] / 1e12,
             }
         )
     return rows
+
+
+def scaled_mm_kernels(device: torch.device | str) -> tuple[bool, str]:
+    """Whether ``torch._scaled_mm`` (what torchao's ``Float8Linear`` calls) and
+    ``F.scaled_mm`` run the same kernel for two e4m3fn operands with tensor-wise scales on
+    ``device``, and a sentence saying which (lesson 08).
+
+    On a CPU, torch's ``_scaled_mm`` kernel hands the product to oneDNN when oneDNN is enabled
+    (``torch.backends.mkldnn.enabled``) and the CPU has AMX-INT8
+    (``torch.cpu.get_capabilities()["amx_int8"]``, the check its C++ makes with cpuinfo);
+    otherwise it dequantizes both operands to float32, multiplies them in float32 and rounds the
+    result once to the output dtype. ``F.scaled_mm`` (``_scaled_mm_v2``) always takes that
+    float32 path on a CPU, where ``use_fast_accum`` changes nothing. On a GPU both run the
+    device's float8 GEMM; ``use_fast_accum`` (torchao sets it for the forward GEMM) changes the
+    accumulation on Hopper.
+    """
+    device = torch.device(device)
+    if device.type != "cpu":
+        return True, (
+            f"on {device.type} both run the GPU's float8 GEMM; use_fast_accum=True (torchao's "
+            "choice for the forward GEMM, F.scaled_mm's default is False) accumulates in lower "
+            "precision on Hopper"
+        )
+    onednn = (
+        torch.backends.mkldnn.is_available()
+        and torch.backends.mkldnn.enabled
+        and bool(torch.cpu.get_capabilities().get("amx_int8", False))
+    )
+    if onednn:
+        return False, (
+            "this CPU has AMX-INT8, so torch._scaled_mm runs oneDNN's float8 GEMM while "
+            "F.scaled_mm dequantizes to float32 and multiplies there: two kernels whose float32 "
+            "sums round differently"
+        )
+    return True, (
+        "this CPU has no AMX-INT8 (or oneDNN is off), so both dequantize to float32, multiply "
+        "there and round once: the same kernel (use_fast_accum changes nothing on a CPU)"
+    )
 
 
 class TransformerBlock(nn.Module):

@@ -19,6 +19,7 @@ from course.float8 import (
     matmul_tflops,
     replay,
     replay_scaling,
+    scaled_mm_kernels,
     scaled_mm_status,
     tensor_kind,
     torchao_status,
@@ -114,8 +115,31 @@ def test_matmul_tflops_runs_the_scaled_mm_path_on_a_cpu():
     rows = matmul_tflops([16, 32], "cpu", min_run_time=0.01)
     assert [r["n"] for r in rows] == [16, 32]
     for row in rows:
-        assert row["bf16_s"] > 0 and row["fp8_s"] > 0
+        assert row["bf16_s"] > 0 and row["fp8_s"] > 0 and row["fp8_fast_s"] > 0
         assert row["fp8_tflops"] == pytest.approx(2 * row["n"] ** 3 / row["fp8_s"] / 1e12)
+        assert row["fp8_fast_tflops"] == pytest.approx(2 * row["n"] ** 3 / row["fp8_fast_s"] / 1e12)
+
+
+def test_matmul_tflops_times_fast_accumulation_apart(monkeypatch):
+    # Both accumulation modes are timed, each with its own flag; a kernel that refuses the fast
+    # one leaves it None rather than failing the table.
+    stmts = []
+
+    class Record(_RunOnce):
+        def blocked_autorange(self, min_run_time):
+            stmts.append(self.stmt)
+            if "use_fast_accum=True" in self.stmt:
+                raise RuntimeError("use_fast_accum is not supported here")
+            return super().blocked_autorange(min_run_time)
+
+    monkeypatch.setattr(torch.utils.benchmark, "Timer", Record)
+    (row,) = matmul_tflops([16], "cpu")
+    assert [("use_fast_accum=False" in s, "use_fast_accum=True" in s) for s in stmts] == [
+        (False, False),
+        (True, False),
+        (False, True),
+    ]
+    assert row["fp8_s"] == 1.0 and row["fp8_fast_s"] is None and row["fp8_fast_tflops"] is None
 
 
 class _RunOnce:
@@ -220,10 +244,35 @@ def test_torchao_status_without_torchao(monkeypatch):
     assert module is None and "not installed" in line
 
 
+def _quantize_tensorwise(t):
+    """Tensor-wise current scaling in e4m3fn: (float8 tensor, scale fmax / amax)."""
+    amax = t.float().abs().amax()
+    scale = 448.0 / amax
+    return (t.float() * scale).clamp(-448, 448).to(torch.float8_e4m3fn), scale
+
+
+def _two_roundings_bound(qa, scale_a, qb, scale_b, y1, y2):
+    """How far two correct kernels' bfloat16 products of the same float8 operands can differ,
+    element by element, where both accumulate in float32 and round to nearest once at the end.
+
+    Each kernel's float32 result is the exact sum z plus an error below (K + 2) 2^-24 sum|a b|
+    (K float32 additions and the dequantizing multiplications), and rounding to bfloat16 moves
+    it by at most half a step, 2^-8 of its magnitude. So |y1 - y2| <= 2^-8 (|y1| + |y2|) (1.01
+    for the step measured at the rounded values) + 2 (K + 2) 2^-24 (|A| @ |B|)."""
+    a = qa.double() * scale_a.double()
+    b = qb.double() * scale_b.double()
+    sums = a.abs() @ b.abs()
+    k = a.shape[1]
+    return 2**-8 * 1.01 * (y1.double().abs() + y2.double().abs()) + 2 * (k + 2) * 2.0**-24 * sums
+
+
 def test_torchao_float8_linear_is_current_scaling_and_scaled_mm():
-    """What lesson 08 shows on its page: torchao's default Float8Linear forward is scaled_mm of
-    the tensor-wise current-scaled input and weight (inverse scales), plus the bias, bit for bit;
-    a block converted with each recipe stays close to bfloat16."""
+    """What lesson 08 shows on its page: torchao's default Float8Linear forward is torch._scaled_mm
+    of the tensor-wise current-scaled input and weight (inverse scales, bfloat16 out, the
+    output GEMM's use_fast_accum), plus the bias, bit for bit on any CPU (the same kernel);
+    F.scaled_mm of the same operands equals it where both run the same CPU kernel and stays
+    within two roundings of it where they do not (oneDNN on a CPU with AMX-INT8); a block
+    converted with each recipe stays close to bfloat16."""
     import copy
 
     module, _ = torchao_status()
@@ -240,15 +289,27 @@ def test_torchao_float8_linear_is_current_scaling_and_scaled_mm():
     with torch.no_grad():
         got = layer8(x)
 
-    def quantize(t):
-        amax = t.float().abs().amax()
-        scale = 448.0 / amax
-        return (t.float() * scale).clamp(-448, 448).to(torch.float8_e4m3fn), scale
-
-    (qx, sx), (qw, sw) = quantize(x), quantize(layer[0].weight.detach())
+    (qx, sx), (qw, sw) = _quantize_tensorwise(x), _quantize_tensorwise(layer[0].weight.detach())
+    bias = layer[0].bias.detach()
+    fast = layer8[0].config.gemm_config_output.use_fast_accum
+    assert fast is True  # torchao's forward GEMM asks for fast accumulation (config.py)
+    same_call = torch._scaled_mm(
+        qx,
+        qw.t(),
+        scale_a=sx.reciprocal(),
+        scale_b=sw.reciprocal(),
+        out_dtype=torch.bfloat16,
+        use_fast_accum=fast,
+    )
+    assert torch.equal(same_call + bias, got)  # the call torchao makes: the same kernel
+    assert not torch.equal(same_call, got)  # the bias is added after the float8 product
     y = F.scaled_mm(qx, qw.t(), sx.reciprocal(), TENSOR, sw.reciprocal(), TENSOR)
-    assert torch.equal(y + layer[0].bias.detach(), got)
-    assert not torch.equal(y, got)  # the bias is added after the float8 product
+    same_kernel, _ = scaled_mm_kernels("cpu")
+    if same_kernel:
+        assert torch.equal(y, same_call)
+    else:
+        bound = _two_roundings_bound(qx, sx.reciprocal(), qw.t(), sw.reciprocal(), y, same_call)
+        assert bool(((y.double() - same_call.double()).abs() <= bound).all())
     for recipe in ("tensorwise", "rowwise"):
         torch.manual_seed(0)
         block = TransformerBlock(64, 4).to(torch.bfloat16)
@@ -258,6 +319,60 @@ def test_torchao_float8_linear_is_current_scaling_and_scaled_mm():
         with torch.no_grad():
             out, out8 = block(xb).float(), block8(xb).float()
         assert 0 < float((out8 - out).norm() / out.norm()) < 0.2, recipe
+
+
+def test_private_and_public_scaled_mm_agree_on_the_float32_cpu_path(monkeypatch):
+    # With oneDNN off, torch._scaled_mm takes the float32 path F.scaled_mm always takes on a CPU
+    # (AMX-INT8 or not): the same kernel, so the same bits, with or without fast accumulation.
+    torch.manual_seed(1)
+    (qa, sa), (qb, sb) = (
+        _quantize_tensorwise(torch.randn(48, 64)),
+        _quantize_tensorwise(torch.randn(32, 64)),
+    )
+    y = F.scaled_mm(qa, qb.t(), sa.reciprocal(), TENSOR, sb.reciprocal(), TENSOR)
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
+    assert scaled_mm_kernels("cpu")[0]
+    for fast in (False, True):
+        private = torch._scaled_mm(
+            qa,
+            qb.t(),
+            scale_a=sa.reciprocal(),
+            scale_b=sb.reciprocal(),
+            out_dtype=torch.bfloat16,
+            use_fast_accum=fast,
+        )
+        assert torch.equal(private, y)
+
+
+def test_two_roundings_bound_holds_for_another_correct_kernel():
+    # The float64 product rounded once to bfloat16 is another correct kernel: it stays within
+    # the bound of F.scaled_mm's result, and the bound is below two bfloat16 steps.
+    torch.manual_seed(2)
+    (qa, sa), (qb, sb) = (
+        _quantize_tensorwise(torch.randn(64, 256)),
+        _quantize_tensorwise(torch.randn(48, 256)),
+    )
+    y = F.scaled_mm(qa, qb.t(), sa.reciprocal(), TENSOR, sb.reciprocal(), TENSOR)
+    exact = (qa.double() / sa.double()) @ (qb.double() / sb.double()).t()
+    other = exact.to(torch.bfloat16)
+    bound = _two_roundings_bound(qa, sa.reciprocal(), qb.t(), sb.reciprocal(), y, other)
+    assert bool(((y.double() - other.double()).abs() <= bound).all())
+    # Not a loose bound: for the typical element it is about one bfloat16 step.
+    assert float((bound / y.double().abs().clamp(min=1e-6)).median()) < 2**-6
+
+
+def test_scaled_mm_kernels_says_when_torch_scaled_mm_runs_onednn(monkeypatch):
+    caps = dict(torch.cpu.get_capabilities())
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {**caps, "amx_int8": True})
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", True)
+    same, sentence = scaled_mm_kernels("cpu")
+    assert not same and "oneDNN" in sentence
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
+    assert scaled_mm_kernels("cpu")[0]
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {**caps, "amx_int8": False})
+    assert scaled_mm_kernels("cpu")[0]
+    same, sentence = scaled_mm_kernels("cuda")
+    assert same and "use_fast_accum" in sentence
 
 
 def _clamp_recipe(fmt, margin):

@@ -27,12 +27,14 @@ from course.sharded import (
 from grader.judges.l07_sharded import (
     SPLIT_SIZES,
     _unit_bytes,
+    bf16_bracket,
     fsdp_configs,
     maxima_split,
     measure_memory,
     memory_candidates,
     memory_worker,
     split_hiddens,
+    sr_inputs,
 )
 from tests.conftest import SOLUTIONS, lesson_notebook
 
@@ -345,3 +347,72 @@ def _refused_probe(rank, world_size, config):
         except Exception as exc:
             return refused, type(exc).__name__
     return refused, None
+
+
+def test_stochastic_rounding_draws_always_hold_values_just_below_a_power_of_two():
+    """Every hidden draw of stochastic_round_bf16 holds, of each sign, at least two finite values
+    just below a power of two that round to nearest up to it: there the gap above the power of
+    two is twice the value's own, and a function that takes the gap from the nearest power of
+    two returns a value two steps away. The draw is the judge's (and so the driver's)."""
+    for seed in range(200):
+        values = sr_inputs(seed)["values"]
+        lo, hi, frac = bf16_bracket(values)
+        mantissa, _ = torch.frexp(hi)
+        below = (
+            values.isfinite()
+            & (hi.abs() <= torch.finfo(torch.bfloat16).max)
+            & (mantissa.abs() == 0.5)  # hi is a power of two
+            & (lo.abs() < hi.abs())
+            & (values.to(torch.bfloat16).float() == hi)  # rounds to nearest up to it
+            & (frac > 0)
+        )
+        assert int((below & (values > 0)).sum()) >= 2, seed
+        assert int((below & (values < 0)).sum()) >= 2, seed
+
+
+def _gathered_during_backward(rank: int, world_size: int, config: FSDPConfig) -> list:
+    """Shard as the lesson does; after each unit's pre-backward, which units have their
+    parameters gathered (unsharded) or an all-gather done and waiting (prefetched)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    from course.sharded import rank_mesh
+
+    model = config.make_model()
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mesh=rank_mesh(), mp_policy=policy)
+    fully_shard(model, mesh=rank_mesh(), mp_policy=policy)
+    units = {f"blocks.{i}": b for i, b in enumerate(model.blocks)}
+    units["root"] = model
+    groups = {n: m._get_fsdp_state()._fsdp_param_group for n, m in units.items()}
+    log = []
+    original = FSDPParamGroup.pre_backward
+
+    def pre_backward(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        name = next(n for n, g in groups.items() if g is self)
+        held = sorted(
+            n for n, g in groups.items() if g.is_unsharded or g._all_gather_result is not None
+        )
+        log.append((name, held))
+        return out
+
+    FSDPParamGroup.pre_backward = pre_backward
+    x, y = config.batch(0)
+    config.loss_fn(model(x.chunk(world_size)[rank]), y.chunk(world_size)[rank]).backward()
+    FSDPParamGroup.pre_backward = original
+    return log
+
+
+def test_fsdp2_prefetches_the_next_unit_in_backward_on_cpu_ranks():
+    """What section 4 says: by default FSDP2's backward gathers the unit that runs next while the
+    current one computes its gradients, so two units' gathered copies are held at once (here on
+    gloo CPU ranks too), which rank_bytes, one unit at a time, does not count."""
+    log = launch(_gathered_during_backward, 2, (replace(SMALL, depth=3),), timeout=90)[0]
+    assert log == [
+        ("root", ["blocks.2", "root"]),
+        ("blocks.2", ["blocks.1", "blocks.2", "root"]),
+        ("blocks.1", ["blocks.0", "blocks.1", "root"]),
+        ("blocks.0", ["blocks.0", "root"]),
+    ]

@@ -595,6 +595,24 @@ def shard_memory(model, world_size, policy, optimizer="adamw"):
             "backward_peak": gathered(unit) + padded * (policy.reduce_dtype or grad).itemsize}
 """,
     ),
+    "sr_gap_of_nearest_power": (
+        "stochastic_round_bf16",
+        """
+def stochastic_round_bf16(x, generator=None):
+    # Wrong: takes the gap from the power of two nearest x (the exponent of x rounded to the
+    # nearest bfloat16 number) on both sides. Just below a power of two that x rounds up to,
+    # that is twice the real gap: the value nearer zero it picks is two steps below x's upper
+    # neighbour, not the neighbour below x. The mean stays right.
+    ax = x.abs()
+    e = torch.floor(torch.log2(ax.to(torch.bfloat16).float())).clamp(min=-126)
+    gap = torch.exp2(e - 7)
+    lo = torch.floor(ax / gap) * gap
+    p = (ax - lo) / gap
+    u = torch.rand(x.shape, device=x.device, generator=generator)
+    out = torch.where(u < p, lo + gap, lo) * torch.where(x < 0, -1.0, 1.0)
+    return torch.where(x.isnan() | x.isinf(), x, out).to(torch.bfloat16)
+""",
+    ),
     "sr_nan_payload_to_inf": (
         "stochastic_round_bf16",
         """
