@@ -354,22 +354,45 @@ class ScaleTrajectoryExplorer:
         )
         scales = self.result["scales"]
         over = self.result["overflowed"]
-        logs = [math.log2(s) for s in scales]
+        # A backoff can round the float32 scale below its smallest subnormal, to 0, and 0 times
+        # growth_factor stays 0: log2 has no value there, so those steps are not drawn.
+        zero_at = next((i + 1 for i, s in enumerate(scales) if s == 0.0), None)
+        logs = [math.log2(s) if s > 0 else math.nan for s in scales]
         self.ax.clear()
         self.ax.step(range(1, len(logs) + 1), logs, where="post", label="log2(scale) after update")
-        bad = [i + 1 for i, b in enumerate(over) if b]
+        bad = [i + 1 for i, b in enumerate(over) if b and scales[i] > 0]
         self.ax.plot(bad, [logs[i - 1] for i in bad], "rv", ms=4, label="skipped (overflow)")
         if ceiling is not None:
             self.ax.axhline(ceiling, color="tab:purple", ls=":", label="overflow above this")
+        if zero_at is not None:
+            self.ax.axvline(
+                zero_at, color="tab:red", ls="--", label=f"scale 0.0 from step {zero_at} on"
+            )
         self.ax.set_xlabel("optimizer step")
         self.ax.set_ylabel("log2(scale)")
         self.ax.set_title(f"torch.amp.GradScaler's scale on {self.device.type}, with injected infs")
         self.ax.legend(loc="lower right", fontsize="small")
+        half = scales[len(scales) // 2 :]
+        if zero_at is None:
+            final = f"final scale <b>{scales[-1]:.6g}</b> = 2<sup>{logs[-1]:.2f}</sup>"
+            mean = f"<b>{sum(math.log2(s) for s in half) / len(half):.2f}</b>"
+        else:
+            stayed = all(s == 0.0 for s in scales[zero_at - 1 :])
+            last = f"{scales[zero_at - 2]:.6g}" if zero_at > 1 else "the initial scale"
+            final = (
+                f"<b>the scale underflowed to 0.0</b> at step {zero_at}: a backoff from "
+                f"{last} rounded it to 0 in float32"
+                + (", and it stayed 0 (0 times growth_factor is 0)" if stayed else "")
+            )
+            mean = (
+                "<b>-inf</b> (the scale is 0)"
+                if 0.0 in half
+                else f"<b>{sum(math.log2(s) for s in half) / len(half):.2f}</b>"
+            )
         self.summary.value = (
             f"skipped <b>{sum(over)}</b> of {len(over)} steps ({sum(over) / len(over):.1%}) "
-            f"&nbsp;|&nbsp; final scale <b>{scales[-1]:.6g}</b> = 2<sup>{logs[-1]:.2f}</sup> "
-            f"&nbsp;|&nbsp; mean log2(scale) over the last half "
-            f"<b>{sum(logs[len(logs) // 2 :]) / (len(logs) - len(logs) // 2):.2f}</b>"
+            f"&nbsp;|&nbsp; {final} "
+            f"&nbsp;|&nbsp; mean log2(scale) over the last half {mean}"
         )
         with self.output:
             self.output.clear_output(wait=True)
@@ -691,8 +714,10 @@ def without_grad_scaler() -> Iterator[None]:
 
 
 class ReluStack(nn.Module):
-    """Linear layers of the given sizes with ReLU between them, and a layer ``unused`` that the
-    forward pass never calls (its parameters keep ``.grad`` None)."""
+    """Linear layers of the given sizes with ReLU between them, a layer ``unused`` that the
+    forward pass never calls (its parameters keep ``.grad`` None), and a buffer ``input_scale``
+    (ones, multiplying the input) that is state but not a parameter: it is in ``state_dict()``,
+    and no optimizer or master copy is made for it."""
 
     def __init__(self, sizes: list[int]) -> None:
         super().__init__()
@@ -700,8 +725,10 @@ class ReluStack(nn.Module):
             nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=False)
         )
         self.unused = nn.Linear(2, 2)
+        self.register_buffer("input_scale", torch.ones(sizes[0]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * self.input_scale
         for i, layer in enumerate(self.layers):
             x = layer(x)
             if i < len(self.layers) - 1:

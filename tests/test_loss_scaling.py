@@ -245,3 +245,40 @@ def test_driving_grad_scaler_through_a_scenario_is_deterministic():
     assert all(kind == "raised" and "RuntimeError" in c for kind, _n, c, _m in runs[0]["twice"])
     skipped = sum(not did for s in runs[0]["stepped"] for _o, did in s)
     assert skipped >= 2
+
+
+def test_widget_says_when_the_scale_underflows_to_zero_and_keeps_working():
+    # Random overflows at rate 0.3 with backoff 0.2 and no growth for 200 steps: the float32
+    # scale backs off below its smallest subnormal, to 0.0.
+    explorer = ScaleTrajectoryExplorer(steps=300)
+    explorer.use_ceiling.value = False
+    explorer.interval.value = 200
+    explorer.backoff.value = 0.2
+    explorer.rate.value = 0.3
+    scales = explorer.result["scales"]
+    zero_at = scales.index(0.0) + 1
+    assert all(s == 0.0 for s in scales[zero_at - 1 :])
+    assert "underflowed to 0.0" in explorer.summary.value
+    assert f"at step {zero_at}" in explorer.summary.value
+    labels = [t.get_text() for t in explorer.ax.get_legend().get_texts()]
+    assert f"scale 0.0 from step {zero_at} on" in labels
+    # It keeps redrawing: back to a setting where the scale stays positive.
+    explorer.rate.value = 0.01
+    assert min(explorer.result["scales"]) > 0
+    assert "underflowed" not in explorer.summary.value
+    assert "final scale" in explorer.summary.value
+
+
+def test_every_master_weights_model_has_a_buffer_that_is_not_a_parameter():
+    from grader.judges.l02_loss_scaling import master_draws, master_model
+
+    for seed in range(200):
+        trials, _small = master_draws(seed)
+        assert len(trials) == 6
+        for draw in trials:
+            model = master_model(draw)
+            params = list(model.parameters())
+            buffers = list(model.buffers())
+            assert buffers and all(b.dtype == torch.float16 for b in buffers), seed
+            # Masters from state_dict() would hold one more tensor than the parameters.
+            assert len(model.state_dict()) == len(params) + len(buffers), seed

@@ -235,11 +235,26 @@ def _float_result(got: object, what: str) -> None:
     )
 
 
-def underflow_fraction(obs: Observations) -> None:
-    """Random gradients in three dtypes at several scales, all-zero lists, inf and nan, a
-    bfloat16 product that must be taken in float32, the lesson's MLP's gradients."""
-    seed = obs.seed
+#: The scales of underflow_fraction's random trials, in turn.
+UNDERFLOW_SCALES = (1.0, 2.0**10, 2.0**24, 1000.0, 0.5)
+
+
+def tie_gradients(scale: float) -> torch.Tensor:
+    """float32 gradients whose products with ``scale`` are 2^-25 (the tie, which rounds to even,
+    0, in float16), its negative, the float32 number just above it (which rounds up to 2^-24) and
+    the one just below it. For a power-of-two scale every product is exact, so it is the same in
+    float32, in float64 and as a threshold."""
+    tie = torch.tensor(2.0**-25 / scale, dtype=torch.float32)
+    above = torch.nextafter(tie, torch.tensor(1.0))
+    below = torch.nextafter(tie, torch.tensor(0.0))
+    return torch.stack([tie, -tie, above, -below])
+
+
+def underflow_inputs(seed: int) -> list[tuple[list[torch.Tensor], float]]:
+    """The random trials of underflow_fraction for a seed: ``(grads, scale)`` for each, the tie
+    gradients appended where the scale is a power of two (the driver builds the same)."""
     gen = torch.Generator().manual_seed(seed)
+    trials = []
     for trial in range(12):
         gs = []
         for _ in range(int(torch.randint(1, 5, (), generator=gen))):
@@ -248,16 +263,34 @@ def underflow_fraction(obs: Observations) -> None:
             g[torch.rand(g.shape, generator=gen) < 0.1] = 0.0
             pick = int(torch.randint(0, 3, (), generator=gen))
             gs.append(g.to([torch.float32, torch.float16, torch.bfloat16][pick]))
-        s = [1.0, 2.0**10, 2.0**24, 1000.0, 0.5][trial % 5]
+        s = UNDERFLOW_SCALES[trial % 5]
+        if math.log2(s).is_integer():
+            gs.append(tie_gradients(s))
+        trials.append((gs, s))
+    return trials
+
+
+def underflow_fraction(obs: Observations) -> None:
+    """Random gradients in three dtypes at several scales, with 2^-25 (the tie) and its float32
+    neighbours after scaling, all-zero lists, inf and nan, a bfloat16 product that must be taken
+    in float32, the lesson's MLP's gradients."""
+    seed = obs.seed
+    for gs, s in underflow_inputs(seed):
         # A count divided by a count: exact up to the rounding of the division, which may be
         # done in float32 (torch's default for a tensor quotient) and is then within 2^-24 of
         # the fraction. Any miscount is off by at least 1 / (number of elements), far more.
         got = obs.next("random")
         _float_result(got, "a Python float")
+        tie = (
+            f"; among them {float(gs[-1][0])!r}, whose product with the scale is exactly 2^-25 "
+            "and rounds (to even) to 0 in float16, and its float32 neighbours"
+            if math.log2(s).is_integer()
+            else ""
+        )
         check_close(
             got,
             _ref_underflow(gs, s),
-            f"underflow_fraction on random gradients at scale {s} (seed {seed})",
+            f"underflow_fraction on random gradients at scale {s} (seed {seed}{tie})",
             rtol=2.0**-23,
             atol=0,
         )
@@ -336,20 +369,65 @@ def safe_scale_gradients(
     return (gs if any(bool((t != 0).any()) for t in gs) else None), e
 
 
-def max_safe_scale(obs: Observations) -> None:
-    """Gradients near random powers of two in three dtypes, the exact boundary and just above
-    it, a bfloat16 power of two, the smallest subnormal, and the two ValueError cases."""
-    seed = obs.seed
+def cancelling_gradients(gen: torch.Generator) -> list[list[torch.Tensor]]:
+    """Three gradient lists whose elements are non-zero and sum to exactly 0: in one tensor, as a
+    tensor and its negation, and split over two tensors beside zeros and an empty tensor. The
+    values are small integers times a power of two, so every sum of them is exact in every dtype
+    and order (the driver draws the same)."""
+    lists = []
+    for form in range(3):
+        dtype = [torch.float32, torch.float16, torch.bfloat16][
+            int(torch.randint(0, 3, (), generator=gen))
+        ]
+        e = int(torch.randint(-12, 8, (), generator=gen))
+        k = torch.randint(1, 8, (int(torch.randint(1, 5, (), generator=gen)),), generator=gen)
+        if form == 1:
+            g = (k * 2.0**e).to(dtype)
+            lists.append([g, -g])
+            continue
+        v = torch.cat([k, -k]).double() * 2.0**e
+        v = v[torch.randperm(len(v), generator=gen)].to(dtype)
+        if form == 0:
+            lists.append([v])
+        else:
+            cut = len(v) // 2
+            lists.append([torch.zeros(3), v[:cut], torch.tensor([], dtype=dtype), v[cut:]])
+    return lists
+
+
+def safe_scale_inputs(
+    seed: int,
+) -> tuple[list[tuple[list[torch.Tensor], float, torch.dtype]], list[list[torch.Tensor]]]:
+    """max_safe_scale's drawn inputs for a seed: the random trials that hold a non-zero element,
+    as ``(grads, e, dtype)``, then the cancelling lists (the driver draws the same)."""
     gen = torch.Generator().manual_seed(seed)
+    trials = []
     for trial in range(40):
         dtype = [torch.float32, torch.float16, torch.bfloat16][trial % 3]
         gs, e = safe_scale_gradients(gen, trial)
-        if gs is None:
-            continue
+        if gs is not None:
+            trials.append((gs, e, dtype))
+    return trials, cancelling_gradients(gen)
+
+
+def max_safe_scale(obs: Observations) -> None:
+    """Gradients near random powers of two in three dtypes, non-zero gradients that sum to 0,
+    the exact boundary and just above it, a bfloat16 power of two, the smallest subnormal, and
+    the two ValueError cases."""
+    seed = obs.seed
+    trials, cancelling = safe_scale_inputs(seed)
+    for gs, e, dtype in trials:
         check_equal(
             obs.next("random"),
             _ref_safe(gs),
             f"max_safe_scale for gradients near 2^{e:.1f} in {dtype} (seed {seed})",
+        )
+    for gs in cancelling:
+        check_equal(
+            obs.next("cancelling"),
+            _ref_safe(gs),
+            f"max_safe_scale({[g.tolist() for g in gs]}) in {gs[-1].dtype}: the elements sum to "
+            "0 but are not all zero, so there is a largest magnitude and a scale",
         )
     for j in (-20, -3, 0, 5, 30):
         edge = 65504.0 * 2.0**j

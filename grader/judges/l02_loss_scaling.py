@@ -216,32 +216,72 @@ def _ref_step(
     return not bad
 
 
-def master_weights(obs: Observations) -> None:
-    """Random float16 models (SGD with momentum or Adam, weight decay) for eight steps at six
-    scales, some with an inf or nan, compared with the reference step by step; then float16
-    gradients below float16's normal range that must be divided in float32."""
-    seed = obs.seed
+#: The loss scale of each of master_weights' six trials.
+MASTER_SCALES = (1.0, 2.0**8, 2.0**12, 2.0**16, 1000.0, 2.0**10)
+
+
+def master_draws(seed: int) -> tuple[list[dict[str, Any]], tuple[float, list[float]]]:
+    """What master_weights' driver draws from ``random.Random(seed)``, in its order: for each
+    trial the model's sizes, its torch seed, the optimizer and, per step, ``None`` or the inf/nan
+    written into a weight gradient and the layer; then the scale and gradients of the last case."""
     rng = random.Random(seed)
+    trials = []
     for trial in range(6):
         sizes = [rng.randint(2, 9) for _ in range(rng.randint(2, 4))]
-        scale = [1.0, 2.0**8, 2.0**12, 2.0**16, 1000.0, 2.0**10][trial]
+        torch_seed = rng.randrange(10**6)
+        kind = rng.choice(["sgd", "adam"])
+        injections: list[tuple[float, int] | None] = []
+        for _ in range(8):
+            if rng.random() < 0.3:
+                value = rng.choice([float("inf"), float("nan"), -float("inf")])
+                injections.append((value, rng.randrange(len(sizes) - 1)))
+            else:
+                injections.append(None)
+        trials.append(
+            dict(
+                sizes=sizes,
+                scale=MASTER_SCALES[trial],
+                torch_seed=torch_seed,
+                kind=kind,
+                injections=injections,
+            )
+        )
+    scale = rng.choice([2.0**10, 2.0**12, 2.0**14])
+    return trials, (scale, [rng.uniform(1.0, 2.0) * 2.0**-21 for _ in range(4)])
+
+
+def master_model(draw: dict[str, Any]) -> nn.Module:
+    """A trial's float16 model, as the driver builds it: a ReluStack, whose ``input_scale``
+    buffer is in ``state_dict()`` but is not a parameter."""
+    torch.manual_seed(draw["torch_seed"])
+    return ReluStack(draw["sizes"]).half()
+
+
+def master_weights(obs: Observations) -> None:
+    """Random float16 models with a buffer (SGD with momentum or Adam, weight decay) for eight
+    steps at six scales, some with an inf or nan, compared with the reference step by step; then
+    float16 gradients below float16's normal range that must be divided in float32."""
+    seed = obs.seed
+    trials, (small_scale, small_values) = master_draws(seed)
+    for trial, draw in enumerate(trials):
+        sizes, scale = draw["sizes"], draw["scale"]
         exact = math.log2(scale).is_integer()
-        torch.manual_seed(rng.randrange(10**6))
-        b = ReluStack(sizes).half()
+        b = master_model(draw)
         want = _ref_master(b)
         where = f"(model sizes {sizes}, scale {scale}, seed {seed})"
         n = obs.next("masters")
         check(
             n is not None and n == len(want),
-            f"make_master_params should give one master per parameter {where}",
+            f"make_master_params should give one master per parameter {where}: "
+            f"{len(want)} for this model, whose state_dict() also holds a buffer "
+            "(model.parameters() lists the parameters alone)",
         )
         for k, (is_param, m, p, apart) in enumerate(obs.next("each master")):
             check(is_param is True, f"master {k} should be an nn.Parameter {where}")
             check_dtype(m, torch.float32, f"master {k} {where}")
             check_tensor_equal(m, p.float(), f"master {k}'s values {where}")
             check(apart is True, f"master {k} must not share memory with the model")
-        kind = rng.choice(["sgd", "adam"])
-        if kind == "sgd":
+        if draw["kind"] == "sgd":
             ob: torch.optim.Optimizer = torch.optim.SGD(
                 want, lr=0.05, momentum=0.9, weight_decay=0.01
             )
@@ -251,13 +291,12 @@ def master_weights(obs: Observations) -> None:
         for it in range(8):
             x = torch.randn(6, sizes[0], generator=gen).half()
             y = torch.randint(0, sizes[-1], (6,), generator=gen)
-            inject = rng.random() < 0.3
+            inject = draw["injections"][it] is not None
             where_it = f"at step {it + 1} {where}" + (" with an inf/nan gradient" if inject else "")
             loss = nn.functional.cross_entropy(b(x).float(), y)
             (loss * scale).backward()
             if inject:
-                value = rng.choice([float("inf"), float("nan"), -float("inf")])
-                k = rng.randrange(len(sizes) - 1)
+                value, k = draw["injections"][it]
                 with torch.no_grad():
                     b.layers[k].weight.grad.view(-1)[0] = value
             got = obs.next("step")
@@ -295,17 +334,16 @@ def master_weights(obs: Observations) -> None:
             )
     # Unscaled gradients below float16's normal range (2^-14): dividing in float32 keeps every
     # digit, dividing in float16 rounds them to float16's subnormal grid of 2^-24.
-    scale = rng.choice([2.0**10, 2.0**12, 2.0**14])
-    small = torch.tensor([[rng.uniform(1.0, 2.0) * 2.0**-21 for _ in range(4)]])
-    grad = (small * scale).half()
-    want_small = -(grad.float() / scale)  # one SGD step with lr 1 from weights of 0
+    small = torch.tensor([small_values])
+    grad = (small * small_scale).half()
+    want_small = -(grad.float() / small_scale)  # one SGD step with lr 1 from weights of 0
     ok = obs.next("subnormal step")
     check(ok is True, f"master_step should return True for finite gradients, got {ok!r}")
     check_tensor_equal(
         obs.next("subnormal master"),
         want_small,
         f"the master after one SGD step (lr 1) on float16 gradients {small.tolist()} "
-        f"times the scale {scale}; convert to float32 before dividing (seed {seed})",
+        f"times the scale {small_scale}; convert to float32 before dividing (seed {seed})",
     )
 
 

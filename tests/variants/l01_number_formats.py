@@ -240,6 +240,21 @@ def underflow_fraction(grads, scale):
     return lost / nonzero if nonzero else 0
 """,
     ),
+    "underflow_tie_survives": (
+        "underflow_fraction",
+        """
+def underflow_fraction(grads, scale):
+    # Wrong: counts a product as lost only below 2^-25; 2^-25 itself lies halfway between 0 and
+    # 2^-24 and rounds to even, 0, so it is lost too.
+    nonzero = lost = 0
+    for g in grads:
+        product = g.float() * scale
+        keep = g != 0
+        nonzero += int(keep.sum())
+        lost += int((keep & (product.abs() < 2.0**-25)).sum())
+    return lost / nonzero if nonzero else 0.0
+""",
+    ),
     # max_safe_scale ----------------------------------------------------------------------------
     "safe_scale_trusts_log2": (
         "max_safe_scale",
@@ -369,6 +384,23 @@ def max_safe_scale(grads):
         k -= 1
     while amax * 2.0 ** (k + 1) <= 65504.0:
         k += 1
+    return float(2.0**k)
+""",
+    ),
+    "safe_scale_raises_when_sum_is_zero": (
+        "max_safe_scale",
+        """
+def max_safe_scale(grads):
+    # Wrong: raises when the gradients sum to zero; non-zero gradients that cancel still have a
+    # largest magnitude, and only all-zero gradients leave no scale to find.
+    if float(sum(g.detach().double().sum() for g in grads)) == 0.0:
+        raise ValueError("every gradient is zero")
+    amax = max(g.detach().abs().max().double().item() for g in grads if g.numel())
+    k = math.floor(math.log2(65504.0 / amax))
+    while amax * 2.0 ** (k + 1) <= 65504.0:
+        k += 1
+    while amax * 2.0**k > 65504.0:
+        k -= 1
     return float(2.0**k)
 """,
     ),

@@ -352,6 +352,12 @@ VARIANTS = {
 """,
         "",
     ),
+    # Wrong: masters made from state_dict(), which holds the model's buffers beside its
+    # parameters: a model with a buffer gets a master (and an optimizer entry) for it too.
+    "master_from_state_dict": _master(
+        "return [nn.Parameter(p.detach().float().clone()) for p in model.parameters()]",
+        "return [nn.Parameter(t.detach().float().clone()) for t in model.state_dict().values()]",
+    ),
     # Wrong: the master weights are updated but never copied back into the float16 model.
     "master_not_copied_back": _master(
         """        with torch.no_grad():
