@@ -639,3 +639,98 @@ def amp_train_steps(
         scaler.step(opt)
         scaler.update()
         opt.zero_grad(set_to_none=True)
+
+
+def simulated_cuda_states(
+    seed: int, case: int, count: int, later: bool = False
+) -> list[torch.Tensor]:
+    """``count`` made-up CUDA generator states (16 bytes each, like a real one), the same for
+    the same arguments (lesson 05's hidden test: ``later`` gives the states the generators
+    hold after the checkpoint, which loading must replace)."""
+    gen = torch.Generator().manual_seed(seed * 64 + case * 2 + int(later))
+    return [torch.randint(0, 256, (16,), dtype=torch.uint8, generator=gen) for _ in range(count)]
+
+
+class _SimulatedGenerator:
+    """One simulated GPU's default generator: ``get_state`` and ``set_state``."""
+
+    def __init__(self, gpus: SimulatedCudaGenerators, index: int) -> None:
+        self._gpus, self._index = gpus, index
+
+    def get_state(self) -> torch.Tensor:
+        return self._gpus.get_rng_state(self._index)
+
+    def set_state(self, new_state: torch.Tensor) -> None:
+        self._gpus.set_rng_state(new_state, self._index)
+
+
+class SimulatedCudaGenerators(contextlib.AbstractContextManager):
+    """CUDA generators on a machine without a GPU, so that a CPU test can see whether a
+    checkpoint saves and restores them (lesson 05's hidden test of ``checkpoint_state``).
+
+    Inside ``with``, ``torch.cuda.is_available()`` is True, ``torch.cuda.device_count()`` is
+    ``len(states)``, the current device is 0, and torch.cuda's random-state functions
+    (``get_rng_state``, ``get_rng_state_all``, ``set_rng_state``, ``set_rng_state_all``, in
+    ``torch.cuda`` and ``torch.cuda.random``, and ``torch.cuda.default_generators``) read and
+    write :attr:`states`, one state per simulated GPU. Everything is put back on exit.
+    """
+
+    _RANDOM = ("get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state_all")
+
+    def __init__(self, states: Sequence[torch.Tensor]) -> None:
+        self.states: list[object] = [s.clone() for s in states]
+        self._saved: list[tuple[object, str, object]] = []
+
+    def _device_index(self, device: int | str | torch.device) -> int:
+        if isinstance(device, int):
+            index = device
+        else:
+            dev = torch.device(device)
+            if dev.type != "cuda":
+                raise ValueError(f"not a CUDA device: {device!r}")
+            index = 0 if dev.index is None else dev.index
+        if not 0 <= index < len(self.states):
+            raise RuntimeError(f"CUDA device {index} does not exist ({len(self.states)} GPUs)")
+        return index
+
+    def get_rng_state(self, device: int | str | torch.device = "cuda") -> torch.Tensor:
+        state = self.states[self._device_index(device)]
+        return state.clone() if isinstance(state, torch.Tensor) else state  # type: ignore[return-value]
+
+    def get_rng_state_all(self) -> list[torch.Tensor]:
+        return [self.get_rng_state(i) for i in range(len(self.states))]
+
+    def set_rng_state(
+        self, new_state: torch.Tensor, device: int | str | torch.device = "cuda"
+    ) -> None:
+        index = self._device_index(device)
+        self.states[index] = new_state.clone() if isinstance(new_state, torch.Tensor) else new_state
+
+    def set_rng_state_all(self, new_states: Iterable[torch.Tensor]) -> None:
+        for i, state in enumerate(new_states):
+            self.set_rng_state(state, i)
+
+    def __enter__(self) -> SimulatedCudaGenerators:
+        import torch.cuda.random as cuda_random
+
+        patches: list[tuple[object, str, object]] = [
+            (torch.cuda, "is_available", lambda: True),
+            (torch.cuda, "device_count", lambda: len(self.states)),
+            (torch.cuda, "current_device", lambda: 0),
+            (
+                torch.cuda,
+                "default_generators",
+                tuple(_SimulatedGenerator(self, i) for i in range(len(self.states))),
+            ),
+        ]
+        for module in (torch.cuda, cuda_random):
+            patches += [(module, name, getattr(self, name)) for name in self._RANDOM]
+        for module, name, value in patches:
+            self._saved.append((module, name, getattr(module, name)))
+            setattr(module, name, value)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        while self._saved:
+            module, name, value = self._saved.pop()
+            setattr(module, name, value)

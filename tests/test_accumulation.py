@@ -340,3 +340,56 @@ def test_checkpoint_runs_train_the_same_from_the_same_seeds():
     assert finals[0][1] == finals[1][1] and finals[0][1]["scale"] < 2.0**26  # it backed off
     adamw = checkpoint_run(3, "adamw", torch.bfloat16, 2.0**10, 2, (8, 24, 24, 3))
     assert isinstance(adamw[1], torch.optim.AdamW) and not adamw[2].is_enabled()
+
+
+def test_simulated_gpus_answer_torch_cuda_and_restore_it_on_exit():
+    from course.accumulation import SimulatedCudaGenerators, simulated_cuda_states
+
+    real = (torch.cuda.is_available(), torch.cuda.device_count(), torch.cuda.get_rng_state_all)
+    saved = simulated_cuda_states(7, 1, 3)
+    assert simulated_cuda_states(7, 1, 3)[2].equal(saved[2])  # the same for the same arguments
+    later = simulated_cuda_states(7, 1, 3, later=True)
+    assert [s.dtype for s in saved] == [torch.uint8] * 3 and not saved[0].equal(later[0])
+    gpus = SimulatedCudaGenerators(saved)
+    with gpus:
+        assert torch.cuda.is_available() and torch.cuda.device_count() == 3
+        states = torch.cuda.get_rng_state_all()
+        assert all(a.equal(b) for a, b in zip(states, saved, strict=True))
+        assert torch.cuda.random.get_rng_state(1).equal(saved[1])
+        assert torch.cuda.get_rng_state("cuda:2").equal(saved[2])
+        assert torch.cuda.default_generators[0].get_state().equal(saved[0])
+        torch.cuda.set_rng_state_all(later)
+        assert torch.cuda.get_rng_state().equal(later[0])  # the current device is 0
+        torch.cuda.set_rng_state(saved[1], torch.device("cuda", 1))
+        states[0][0] ^= 1  # what get_rng_state_all returned is a copy
+    assert gpus.states[0].equal(later[0]) and gpus.states[1].equal(saved[1])
+    assert gpus.states[2].equal(later[2])
+    assert (torch.cuda.is_available(), torch.cuda.device_count()) == real[:2]
+    assert torch.cuda.get_rng_state_all is real[2]
+
+
+def test_a_checkpoint_without_the_gpu_states_leaves_the_simulated_gpus_where_they_were(tmp_path):
+    from course.accumulation import SimulatedCudaGenerators, simulated_cuda_states
+
+    def save(path, with_gpus):
+        state = {"cpu": torch.get_rng_state()}
+        if with_gpus and torch.cuda.is_available():
+            state["gpus"] = torch.cuda.get_rng_state_all()
+        torch.save(state, path)
+
+    def load(path):
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        torch.set_rng_state(state["cpu"])
+        if "gpus" in state:
+            torch.cuda.set_rng_state_all(state["gpus"])
+
+    for with_gpus in (True, False):
+        saved = simulated_cuda_states(3, 0, 2)
+        gpus = SimulatedCudaGenerators(saved)
+        with gpus:
+            save(tmp_path / "c.pt", with_gpus)
+        gpus.states = simulated_cuda_states(3, 0, 2, later=True)
+        with gpus:
+            load(tmp_path / "c.pt")
+        restored = all(a.equal(b) for a, b in zip(gpus.states, saved, strict=True))
+        assert restored is with_gpus

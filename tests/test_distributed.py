@@ -690,3 +690,29 @@ def test_worker_script_drops_the_solution_markers(tmp_path, monkeypatch):
     assert "SOLUTION" not in script
     assert "    answer = 42\n" in script
     compile(script, "train.py", "exec")
+
+
+def test_every_fp16_mean_draw_has_four_ranks_where_a_fixed_half_prescale_overflows():
+    # The hidden test's second launch: on 4 ranks, a prescale of 1/2 before the float16 cast
+    # (exact on 1 or 2 ranks) overflows in every element and every summation order, while the
+    # shares (value / 4) sum to a finite mean in every order.
+    import itertools
+
+    from grader.judges.l06_multi_gpu import FOUR, fp16_cases
+
+    def float16_sum(parts, order):
+        total = parts[order[0]]
+        for i in order[1:]:
+            total = total + parts[i]
+        return total
+
+    assert FOUR == 4
+    for seed in range(200):
+        four = fp16_cases(seed)[3]
+        case, _ = four[0]
+        assert len(case) == FOUR and all(len(c) == FOUR for c, _ in four)
+        halves = [(t / 2).half() for t in case]
+        shares = [(t / FOUR).half() for t in case]
+        for order in itertools.permutations(range(FOUR)):
+            assert bool(float16_sum(halves, order).isinf().all()), seed
+            assert bool(float16_sum(shares, order).isfinite().all()), seed

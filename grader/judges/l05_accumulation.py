@@ -19,6 +19,7 @@ from course.accumulation import (
     draw_int,
     random_problem,
     relative_difference,
+    simulated_cuda_states,
 )
 from course.checks import check, check_close, check_equal, check_tensor_equal
 from grader.observe import Observations
@@ -281,11 +282,36 @@ def _accumulated_step(obs: Observations, seed: int, gen: torch.Generator) -> Non
     )
 
 
+def _check_gpu_states(got: Any, saved: list[torch.Tensor], what: str) -> None:
+    """The simulated GPUs' generator states after loading: the ones they held at the save."""
+    advice = (
+        "save torch.cuda.get_rng_state_all() when torch.cuda.is_available(), and restore it "
+        "with torch.cuda.set_rng_state_all(...) in load_training_state"
+    )
+    check(
+        isinstance(got, list) and len(got) == len(saved),
+        f"internal: the simulated GPUs' states: {what}",
+    )
+    restored = [
+        type(g) is torch.Tensor and g.dtype == s.dtype and g.shape == s.shape and torch.equal(g, s)
+        for g, s in zip(got, saved, strict=True)
+    ]
+    check(
+        all(restored),
+        f"after loading, the CUDA generators of GPUs "
+        f"{[i for i, ok in enumerate(restored) if not ok]} do not hold the states they held "
+        f"when the checkpoint was saved (the test simulates {len(saved)} GPUs on the CPU): "
+        f"{advice}: {what}",
+    )
+
+
 def checkpoint_state(obs: Observations) -> None:
     """AdamW and SGD with momentum in float16 (a scale that backs off before the checkpoint),
     AdamW in bfloat16 and SGD in float16 with a steady scale (a growth tracker far from 0 at the
     checkpoint): after loading, the scaler's and the optimizer's state are the saved ones,
-    and the resumed run matches the run that never stopped, bit for bit."""
+    and the resumed run matches the run that never stopped, bit for bit. In the first two runs
+    the driver simulates 2 and 3 GPUs (``SimulatedCudaGenerators``): loading must give their
+    generators back the states they held at the save."""
     seed = obs.seed
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
@@ -297,12 +323,12 @@ def _checkpoint_state(obs: Observations, seed: int, gen: torch.Generator) -> Non
     data_x = torch.randn(200, d, generator=gen)
     data_y = torch.randint(0, c, (200,), generator=gen)
     cases = [
-        ("adamw", torch.float16, True),
-        ("sgd", torch.float16, True),
-        ("adamw", torch.bfloat16, True),
-        ("sgd", torch.float16, False),
+        ("adamw", torch.float16, True, 2),
+        ("sgd", torch.float16, True, 3),
+        ("adamw", torch.bfloat16, True, 0),
+        ("sgd", torch.float16, False, 0),
     ]
-    for kind, dt, backoff in cases:
+    for case, (kind, dt, backoff, count) in enumerate(cases):
         init, interval = 2.0 ** draw_int(gen, 24, 30), draw_int(gen, 2, 4)
         if not backoff:
             init, interval = 2.0**10, 1000
@@ -324,6 +350,12 @@ def _checkpoint_state(obs: Observations, seed: int, gen: torch.Generator) -> Non
         draw_int(gen, 0, 2**30)  # run B's seed
         draw_int(gen, 0, 2**30)  # the random state B starts from before loading
         draw_int(gen, 1, 50)
+        if count:
+            _check_gpu_states(
+                obs.next("GPU generator states after loading"),
+                simulated_cuda_states(seed, case, count),
+                f"{what}, {count} simulated GPUs",
+            )
         check_equal(
             obs.next("scaler after loading"),
             saved_scaler,

@@ -282,12 +282,21 @@ def ddp_amp_worker(obs: Observations) -> None:
 # fp16_allreduce_mean
 
 
+#: The world size of the driver's second launch of ``fp16_allreduce_mean``.
+FOUR = 4
+
+
 def fp16_cases(
     seed: int,
-) -> tuple[list[list[torch.Tensor]], list[tuple[str, bool]], list[torch.Tensor]]:
+) -> tuple[
+    list[list[torch.Tensor]],
+    list[tuple[str, bool]],
+    list[torch.Tensor],
+    list[tuple[list[torch.Tensor], str]],
+]:
     """The hidden cases of ``fp16_allreduce_mean`` (one tensor per rank each), their kinds
-    (name, exact) and each rank's tensor for its own one-rank group, drawn as the driver draws
-    them."""
+    (name, exact), each rank's tensor for its own one-rank group, and the cases of the
+    second launch on ``FOUR`` ranks with their names, drawn as the driver draws them."""
     gen = torch.Generator().manual_seed(seed)
     cases, kinds = [], []
     shape = (
@@ -325,13 +334,40 @@ def fp16_cases(
     cases.append([-first, 66000 + 64000 * torch.rand(shape, generator=gen)])
     kinds.append(("both ranks beyond float16, opposite signs", False))
     alone = [100 * torch.randn(shape, generator=gen) for _ in range(2)]
-    return cases, kinds, alone
+    # Four ranks, each value 33000 to 60000 in size, one sign per element on every rank: each
+    # share (a quarter) and the mean fit in float16, but half of each value summed over the four
+    # ranks (twice the mean, above 65520) is inf: a prescale of 1/2 suits two ranks only.
+    signs = torch.randint(0, 2, shape, generator=gen).float() * 2 - 1
+    four = [
+        (
+            [signs * (33000 + 27000 * torch.rand(shape, generator=gen)) for _ in range(FOUR)],
+            f"{FOUR} ranks holding 33000 to 60000 (one sign per element)",
+        )
+    ]
+    # Four ranks, random magnitudes from 1e-2 to 1e2 and both signs.
+    four.append(
+        (
+            [
+                torch.randn(shape, generator=gen)
+                * 10.0 ** (torch.rand(shape, generator=gen) * 4 - 2)
+                for _ in range(FOUR)
+            ],
+            f"{FOUR} ranks, random magnitudes",
+        )
+    )
+    return cases, kinds, alone, four
 
 
 def _check_fp16_mean(
-    ranks: list[dict], case: list[torch.Tensor], expected: torch.Tensor, what: str, exact: bool
+    ranks: list[dict],
+    case: list[torch.Tensor],
+    expected: torch.Tensor,
+    what: str,
+    exact: bool,
+    bound: torch.Tensor | None = None,
 ) -> None:
-    """The visible test's checks of one case on both ranks."""
+    """The visible test's checks of one case on every rank (``bound``: instead of one float16
+    rounding of ``expected``, the largest error allowed at each element)."""
     for rank, run in enumerate(ranks):
         got = run["got"]
         check_dtype(got, torch.float32, f"{what}: rank {rank}'s result")
@@ -358,11 +394,21 @@ def _check_fp16_mean(
                 "gives inf before anything is divided; divide by the world size in float32 "
                 "first, then cast"
                 if big > 65504
-                else "the sum overflowed; divide by the world size before the float16 all-reduce"
+                else "the sum overflowed; divide by the world size (the group's size, not a fixed "
+                "number) before the float16 all-reduce"
             )
             + ")",
         )
-        if exact:
+        if bound is not None:
+            error = (got.double() - expected.double()).abs()
+            check(
+                bool((error <= bound).all()),
+                f"{what}: rank {rank}'s mean is {got.tolist()}, the mean is "
+                f"{expected.tolist()}; its error is up to {float((error / bound).max()):.3g} "
+                "times what float16 rounding allows (each rank's value / world size rounded "
+                "to float16, summed in float16)",
+            )
+        elif exact:
             check_close(
                 got, expected, f"{what}: rank {rank}'s mean (exact in float16)", rtol=0, atol=0
             )
@@ -377,7 +423,11 @@ def _check_fp16_mean(
                 rtol=2.0**-10,
                 atol=2.0**-24,
             )
-    check(torch.equal(ranks[0]["got"], ranks[1]["got"]), f"{what}: the ranks got different means")
+    for rank, run in enumerate(ranks[1:], start=1):
+        check(
+            torch.equal(ranks[0]["got"], run["got"]),
+            f"{what}: rank {rank} got another mean than rank 0",
+        )
 
 
 def _split(obs: Observations, cases: list) -> tuple[list[list], list]:
@@ -400,9 +450,10 @@ def _split(obs: Observations, cases: list) -> tuple[list[list], list]:
 
 def fp16_allreduce_mean(obs: Observations) -> None:
     """Integers (exact), random magnitudes, sums that overflow float16, values beyond float16 on
-    a rank, 0-d tensors, and each rank alone in a group of its own."""
+    a rank, 0-d tensors, and each rank alone in a group of its own; then on four ranks, values
+    whose halves summed overflow, and random magnitudes."""
     seed = obs.seed
-    cases, kinds, alone = fp16_cases(seed)
+    cases, kinds, alone, four = fp16_cases(seed)
     per_case, own = _split(obs, cases)
     for case, (kind, exact), ranks in zip(cases, kinds, per_case, strict=True):
         # What the communication computes: each share rounded to float16, summed in float16.
@@ -421,6 +472,25 @@ def fp16_allreduce_mean(obs: Observations) -> None:
             "use dist.get_world_size(group) and pass group=group to dist.all_reduce",
             rtol=0,
             atol=0,
+        )
+    of_four = [obs.next("rank of four") for _ in range(FOUR)]
+    check(
+        all(isinstance(r, list) and len(r) == len(four) for r in of_four),
+        "internal: the driver's runs on four ranks are missing",
+    )
+    for i, (case, kind) in enumerate(four):
+        # The ranks may sum the float16 shares in any order: each share rounds once (2^-11
+        # relative) and each of the 3 additions once, by at most 2^-11 of the sum of the
+        # shares' sizes (a hair more, counting earlier roundings): 5 * 2^-11 of it covers
+        # the four roundings, 2^-22 the float16 subnormals.
+        shares = torch.stack([t.double() / FOUR for t in case])
+        _check_fp16_mean(
+            [r[i] for r in of_four],
+            case,
+            shares.sum(0),
+            f"hidden case: {kind} (seed {seed})",
+            exact=False,
+            bound=5 * 2.0**-11 * shares.abs().sum(0) + 2.0**-22,
         )
 
 

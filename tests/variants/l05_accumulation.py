@@ -345,6 +345,67 @@ def load_training_state(path, model, optimizer, scaler):
     torch.set_rng_state(state["cpu_rng"])
 """,
     ),
+    "no_cuda_rng_state": (
+        "checkpoint_state",
+        """
+def save_training_state(path, model, optimizer, scaler):
+    # Wrong: saves the CPU generator's state but not the GPUs' (torch.cuda.get_rng_state_all),
+    # so on a GPU the resumed run draws other dropout masks.
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scaler": scaler.state_dict(), "cpu_rng": torch.get_rng_state()}, path)
+
+
+def load_training_state(path, model, optimizer, scaler):
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["cpu_rng"])
+""",
+    ),
+    "cuda_rng_current_gpu_only": (
+        "checkpoint_state",
+        """
+def save_training_state(path, model, optimizer, scaler):
+    # Wrong: saves the generator state of the current GPU only (torch.cuda.get_rng_state()),
+    # not every GPU's.
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "scaler": scaler.state_dict(), "cpu_rng": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state()
+    torch.save(state, path)
+
+
+def load_training_state(path, model, optimizer, scaler):
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["cpu_rng"])
+    if "cuda_rng" in state:
+        torch.cuda.set_rng_state(state["cuda_rng"])
+""",
+    ),
+    "cuda_rng_saved_not_restored": (
+        "checkpoint_state",
+        """
+def save_training_state(path, model, optimizer, scaler):
+    # Wrong: saves every GPU's generator state but never restores it.
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "scaler": scaler.state_dict(), "cpu_rng": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    torch.save(state, path)
+
+
+def load_training_state(path, model, optimizer, scaler):
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["cpu_rng"])
+""",
+    ),
 }
 
 VALID = {
@@ -549,6 +610,48 @@ def load_training_state(path, model, optimizer, scaler):
     scaler.load_state_dict(state["amp"])
     optimizer.load_state_dict(state["opt"])
     model.load_state_dict(state["model"])
+""",
+    ),
+    "checkpoint_cuda_per_device": (
+        "checkpoint_state",
+        """
+def save_training_state(path, model, optimizer, scaler):
+    # Valid: saves the GPUs' generator states one device at a time and restores them the same
+    # way, with no is_available() test (device_count() is 0 without a GPU).
+    gpus = [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scaler": scaler.state_dict(), "cpu": torch.get_rng_state(), "gpus": gpus},
+               path)
+
+
+def load_training_state(path, model, optimizer, scaler):
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["cpu"])
+    for i, gpu_state in enumerate(state["gpus"]):
+        torch.cuda.set_rng_state(gpu_state, f"cuda:{i}")
+""",
+    ),
+    "checkpoint_cuda_unconditional": (
+        "checkpoint_state",
+        """
+def save_training_state(path, model, optimizer, scaler):
+    # Valid: torch.cuda.get_rng_state_all() is an empty list without a GPU, and
+    # set_rng_state_all of an empty list does nothing, so no is_available() test is needed.
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scaler": scaler.state_dict(), "rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state_all()}, path)
+
+
+def load_training_state(path, model, optimizer, scaler):
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["rng"])
+    torch.cuda.set_rng_state_all(state["cuda_rng"])
 """,
     ),
 }
