@@ -371,15 +371,15 @@ def scaled_mm_kernels(device: torch.device | str) -> tuple[bool, str]:
     otherwise it dequantizes both operands to float32, multiplies them in float32 and rounds the
     result once to the output dtype. ``F.scaled_mm`` (``_scaled_mm_v2``) always takes that
     float32 path on a CPU, where ``use_fast_accum`` changes nothing. On a GPU both run the
-    device's float8 GEMM; ``use_fast_accum`` (torchao sets it for the forward GEMM) changes the
-    accumulation on Hopper.
+    device's float8 GEMM, but with different ``use_fast_accum`` (torchao sets it for the forward
+    GEMM, ``F.scaled_mm`` does not), which changes the accumulation on Hopper: not the same.
     """
     device = torch.device(device)
     if device.type != "cpu":
-        return True, (
-            f"on {device.type} both run the GPU's float8 GEMM; use_fast_accum=True (torchao's "
-            "choice for the forward GEMM, F.scaled_mm's default is False) accumulates in lower "
-            "precision on Hopper"
+        return False, (
+            f"on {device.type} both run the GPU's float8 GEMM, but torchao asks for "
+            "use_fast_accum=True in the forward GEMM and F.scaled_mm's default is False: on "
+            "Hopper that accumulates in lower precision, so the two can differ"
         )
     onednn = (
         torch.backends.mkldnn.is_available()

@@ -365,6 +365,7 @@ def test_scaled_mm_kernels_says_when_torch_scaled_mm_runs_onednn(monkeypatch):
     caps = dict(torch.cpu.get_capabilities())
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {**caps, "amx_int8": True})
     monkeypatch.setattr(torch.backends.mkldnn, "enabled", True)
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: True)
     same, sentence = scaled_mm_kernels("cpu")
     assert not same and "oneDNN" in sentence
     monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
@@ -372,7 +373,7 @@ def test_scaled_mm_kernels_says_when_torch_scaled_mm_runs_onednn(monkeypatch):
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {**caps, "amx_int8": False})
     assert scaled_mm_kernels("cpu")[0]
     same, sentence = scaled_mm_kernels("cuda")
-    assert same and "use_fast_accum" in sentence
+    assert not same and "use_fast_accum" in sentence
 
 
 def _clamp_recipe(fmt, margin):

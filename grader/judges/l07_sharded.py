@@ -673,7 +673,7 @@ def stochastic_round_bf16(obs: Observations) -> None:
     # The bias pooled over all N = 70 * 8192 = 573,440 roundings: the mean of (went away from
     # zero - fraction) is a mean of N independent terms of range 1, so by Hoeffding a correct
     # function strays from 0 by t with probability below 2 exp(-2 N t^2). With that rate at
-    # 2e-7, t = sqrt(ln(1e7) / (2 N)) = 0.0039. To reject a pooled bias of 1/128 (5 random bits
+    # 2e-7, t = sqrt(ln(1e7) / (2 N)) = 0.00375. To reject a pooled bias of 1/128 (5 random bits
     # instead of 16 bias by up to 1/32 of a gap, 1/64 on average; a shifted probability by its
     # shift) the measured mean of such a function must exceed t, which needs t <= 1/256 (its
     # own sampling error is below t too): N >= ln(1e7) / (2 (1/256)^2) = 528,150. (The mean is
