@@ -17,6 +17,7 @@ a model.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import html
@@ -1234,3 +1235,66 @@ def raising_cases(gen: torch.Generator) -> Iterator[tuple[int, TraceChain, torch
 def cuda_trace_model() -> TraceChain:
     """The chain the tests trace under CUDA autocast (on the CPU; move it to the GPU)."""
     return TraceChain([trace_block(k, 8) for k in ("seq", "softmax", "bn", "pair", "residual")])
+
+
+# -- the inputs LogSumExp32 is graded on ---------------------------------------------------------
+
+#: ``(shape, scale, spread of the offset)`` of each input LogSumExp32 is graded on (lesson 03).
+#: ``(1, 11)`` and ``(3, 1, 9)`` hold a batch dimension of size 1 (a bare ``.squeeze()`` drops
+#: it); ``(4, 1)`` reduces a last dimension of size 1.
+LSE_TRIALS: tuple[tuple[tuple[int, ...], float, float], ...] = (
+    ((7,), 1.0, 0.0),
+    ((5, 9), 30.0, 500.0),
+    ((2, 3, 33), 400.0, 5000.0),
+    ((4, 1), 3000.0, 200.0),
+    ((3, 257), 10.0, 1e4),
+    ((1, 11), 5.0, 100.0),
+    ((3, 1, 9), 50.0, 1000.0),
+)
+
+
+def lse_cases(
+    gen: torch.Generator,
+) -> Iterator[tuple[tuple[int, ...], float, float, torch.Tensor]]:
+    """The float64 inputs of LogSumExp32's hidden test, drawn from ``gen`` one shape at a time:
+    ``(shape, scale, offset, x)`` with ``x = randn(shape) * scale + offset`` (lesson 03). The
+    test draws more from ``gen`` between two of them, so consume them in the test's order."""
+    for shape, scale, spread in LSE_TRIALS:
+        offset = float(torch.randn((), generator=gen)) * spread
+        x = torch.randn(shape, generator=gen, dtype=torch.float64) * scale + offset
+        yield shape, scale, offset, x
+
+
+def fits_float16(x: torch.Tensor, scale: float, offset: float) -> torch.Tensor:
+    """``x`` (float32), divided by 4 where its values could pass float16's largest finite value
+    (lesson 03): the input the low precision dtypes get."""
+    return x if abs(offset) + 4 * scale < 6e4 else x / 4
+
+
+@contextlib.contextmanager
+def autocast_in_backward(output: torch.Tensor, device_type: str) -> Iterator[list[bool]]:
+    """Record whether ``device_type`` autocast is on while the backward of ``output``'s
+    ``grad_fn`` works on its incoming gradient (lesson 03).
+
+    A hook on ``output`` hands that backward its gradient as a tensor subclass whose
+    ``__torch_function__`` appends ``torch.is_autocast_enabled(device_type)`` to the yielded
+    list for each torch function called on it, then runs the function on plain tensors. A
+    custom autograd function decorated with ``torch.amp.custom_bwd`` runs its backward in the
+    autocast state its forward's body ran in (off after ``cast_inputs``), even when
+    ``backward()`` is called inside an autocast region; without it the backward runs in the state
+    ``backward()`` was called in.
+    """
+    seen: list[bool] = []
+
+    class Watched(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            seen.append(torch.is_autocast_enabled(device_type))
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
+
+    handle = output.register_hook(lambda grad: grad.as_subclass(Watched))
+    try:
+        yield seen
+    finally:
+        handle.remove()

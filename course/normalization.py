@@ -750,6 +750,15 @@ NORM_TYPES: tuple[type[nn.Module], ...] = (
     nn.GroupNorm,
 )
 
+#: Normalization layers that are *not* :data:`NORM_TYPES` (nor subclasses of them): they become
+#: float16 like any other layer. Every draw of the hidden test holds both (lesson 04).
+OTHER_NORM_TYPES: tuple[type[nn.Module], ...] = (
+    nn.InstanceNorm1d,
+    nn.InstanceNorm2d,
+    nn.InstanceNorm3d,
+    nn.RMSNorm,
+)
+
 #: The kinds of model :func:`norm_test_model` builds.
 NORM_TEST_KINDS = ("mlp", "cnn2d", "cnn3d", "seq", "nested", "norm_first", "no_norm")
 
@@ -837,6 +846,7 @@ def _build(kind: str, sub: bool, gen: torch.Generator) -> tuple[nn.Module, tuple
             nn.Linear(h, h),
             *_wrap(ln(h)),
             nn.GELU(),
+            nn.RMSNorm(h),
             nn.Linear(h, o),
         )
         return m, (b, d)
@@ -847,6 +857,7 @@ def _build(kind: str, sub: bool, gen: torch.Generator) -> tuple[nn.Module, tuple
             nn.Conv2d(c, k, 3, padding=1),
             *_wrap(bn2(k)),
             nn.ReLU(),
+            nn.InstanceNorm2d(k, affine=True, track_running_stats=True),
             nn.Conv2d(k, k, 3),
             *_wrap(gn(g, k)),
             nn.Flatten(),
@@ -859,6 +870,7 @@ def _build(kind: str, sub: bool, gen: torch.Generator) -> tuple[nn.Module, tuple
             nn.Conv3d(c, k, 3, padding=1),
             *_wrap(bn3(k)),
             nn.ReLU(),
+            nn.InstanceNorm3d(k, affine=True),
             nn.Flatten(),
             nn.Linear(k * 27, 4),
         )
@@ -869,6 +881,7 @@ def _build(kind: str, sub: bool, gen: torch.Generator) -> tuple[nn.Module, tuple
             nn.Conv1d(c, k, 3),
             *_wrap(gn(4, k)),
             nn.ReLU(),
+            nn.InstanceNorm1d(k, affine=True, track_running_stats=True),
             nn.Conv1d(k, k, 1),
             *_wrap(bn1(k)),
             nn.Flatten(),
@@ -883,7 +896,7 @@ def _build(kind: str, sub: bool, gen: torch.Generator) -> tuple[nn.Module, tuple
             nn.Sequential(nn.Linear(h, h), *_wrap(ln(h, elementwise_affine=False))),
             nn.Sequential(nn.Linear(h, h), *_wrap(nn.BatchNorm1d(h, track_running_stats=False))),
         ]
-        head = nn.Sequential(nn.Linear(h, h), *_wrap(ln(h)))
+        head = nn.Sequential(nn.Linear(h, h), *_wrap(ln(h)), nn.RMSNorm(h, eps=1e-5))
         return Tower(blocks, head), (b, d)
     if kind == "norm_first":
         d = _ri(gen, 2, 10)
@@ -929,7 +942,10 @@ def norm_test_model(
     Sizes come from ``gen``; the weights from torch's global generator, seeded from ``gen`` inside
     the call and restored after it. Normalization layers (their subclasses when ``sub``) get
     random affine parameters and running statistics, about a third of them beyond float16's
-    range. Each normalization layer sits between two :class:`Probe` layers.
+    range. Each normalization layer sits between two :class:`Probe` layers. The ``mlp``,
+    ``cnn2d``, ``cnn3d``, ``seq`` and ``nested`` models also hold an InstanceNorm or an RMSNorm
+    (:data:`OTHER_NORM_TYPES`, with float parameters), which the task does not count as
+    normalization layers: they become float16.
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(torch.randint(0, 2**31, (), generator=gen)))

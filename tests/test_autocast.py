@@ -484,3 +484,54 @@ def test_trace_cases_are_the_same_for_the_same_seed_and_cover_every_kind():
     assert A.count_forward_hooks(model) == 2
     with pytest.raises(RuntimeError, match="boom"):
         model(x)
+
+
+def test_lse_cases_hold_a_batch_dimension_of_size_one_in_every_draw():
+    # The hidden test of LogSumExp32 draws its inputs with lse_cases: every seed must include
+    # an input whose kept dimensions hold a 1 (a bare .squeeze() drops it).
+    for seed in range(200):
+        gen = torch.Generator().manual_seed(seed)
+        shapes = [tuple(x.shape) for _shape, _scale, _offset, x in A.lse_cases(gen)]
+        assert shapes == [shape for shape, _, _ in A.LSE_TRIALS]
+        assert any(len(s) >= 2 and 1 in s[:-1] for s in shapes), (seed, shapes)
+        assert any(s[0] == 1 and len(s) == 2 for s in shapes), (seed, shapes)
+
+
+def _lse_function(with_custom_bwd: bool) -> type[torch.autograd.Function]:
+    class LogSumExp(torch.autograd.Function):
+        @staticmethod
+        @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return torch.logsumexp(x, -1)
+
+        @staticmethod
+        def backward(ctx, grad):
+            (x,) = ctx.saved_tensors
+            return grad.unsqueeze(-1) * torch.softmax(x, -1)
+
+    if with_custom_bwd:
+        LogSumExp.backward = staticmethod(
+            torch.amp.custom_bwd(device_type="cpu")(LogSumExp.__dict__["backward"].__func__)
+        )
+    return LogSumExp
+
+
+@pytest.mark.parametrize("with_custom_bwd", [True, False])
+def test_autocast_in_backward_tells_whether_custom_bwd_turned_autocast_off(with_custom_bwd):
+    fn = _lse_function(with_custom_bwd)
+    x = torch.randn(3, 5).bfloat16().requires_grad_(True)
+    with torch.amp.autocast("cpu", dtype=torch.bfloat16):
+        out = fn.apply(x)
+        with A.autocast_in_backward(out, "cpu") as saw:
+            out.sum().backward()
+    assert saw and all(s is (not with_custom_bwd) for s in saw)
+    assert type(x.grad) is torch.Tensor
+    torch.testing.assert_close(x.grad.float(), torch.softmax(x.float(), -1), rtol=2e-2, atol=2e-3)
+    # backward() outside the region: autocast is off in the backward either way.
+    x.grad = None
+    with torch.amp.autocast("cpu", dtype=torch.bfloat16):
+        out = fn.apply(x)
+    with A.autocast_in_backward(out, "cpu") as saw:
+        out.sum().backward()
+    assert saw and not any(saw)

@@ -16,7 +16,9 @@ from torch import nn
 from course.autocast import (
     cuda_trace_model,
     digit_images,
+    fits_float16,
     lesson_model,
+    lse_cases,
     op_policy,
     raising_cases,
     short,
@@ -223,15 +225,14 @@ def predict_cuda_dtypes(obs: Observations) -> None:
 
 
 def custom_fwd_function(obs: Observations) -> None:
-    """Values of several scales and offsets outside and under autocast in both low dtypes
-    (float32 out, computed in float32), gradients under autocast, gradcheck, rows with -inf."""
+    """Values of several scales and offsets, shapes with a batch dimension of size 1, outside
+    autocast (float32 and float16 keep their dtype) and under autocast in both low dtypes
+    (float32 out, computed in float32; float64 stays float64), gradients with ``backward()``
+    called inside the region (the backward must see autocast off), gradcheck, rows with -inf."""
     seed = obs.seed
     gen = torch.Generator().manual_seed(seed)
     check(obs.next("function") is True, "LogSumExp32 must be an autograd Function")
-    for trial, shape in enumerate([(7,), (5, 9), (2, 3, 33), (4, 1), (3, 257)]):
-        scale = [1.0, 30.0, 400.0, 3000.0, 10.0][trial]
-        offset = float(torch.randn((), generator=gen)) * [0, 500, 5000, 200, 1e4][trial]
-        x = torch.randn(shape, generator=gen, dtype=torch.float64) * scale + offset
+    for shape, scale, offset, x in lse_cases(gen):
         x32 = x.float()
         # Outside autocast, float32 in, float32 out, accurate even for huge values.
         got = obs.next("float32")
@@ -241,18 +242,36 @@ def custom_fwd_function(obs: Observations) -> None:
             got,
             want,
             f"LogSumExp32 on float32 values of scale {scale} around "
-            f"{offset:.1f}, shape {shape} (seed {seed})",
+            f"{offset:.1f}, shape {shape} (seed {seed}; the result has shape x.shape[:-1])",
             rtol=2e-6,
             atol=1e-4,
+        )
+        # Outside autocast, float16 in, float16 out: custom_fwd does nothing there.
+        x16 = fits_float16(x32, scale, offset).half()
+        got16 = obs.next("float16 outside autocast")
+        check_dtype(
+            got16,
+            torch.float16,
+            f"LogSumExp32 on a float16 input of shape {shape} outside autocast (outside "
+            "autocast custom_fwd does nothing: the result has the input's dtype)",
+        )
+        check_close(
+            got16,
+            torch.logsumexp(x16.double(), -1),
+            f"LogSumExp32 on float16 values of scale {scale} around {offset:.1f}, shape {shape}, "
+            f"outside autocast (seed {seed}; float16's precision)",
+            rtol=2e-3,
+            atol=1e-2,
         )
         for dt in (torch.bfloat16, torch.float16):
             if obs.next("skipped") is True:
                 check(dt == torch.bfloat16, "internal: only bfloat16 may be skipped")
                 continue
-            xl = (x32 if abs(offset) + 4 * scale < 6e4 else x32 / 4).to(dt)
+            xl = fits_float16(x32, scale, offset).to(dt)
             # Float32 input under autocast: stays float32, no overflow.
             g32 = obs.next("float32 under autocast")
             glow = obs.next("low under autocast")
+            g64 = obs.next("float64 under autocast")
             check_dtype(g32, torch.float32, f"LogSumExp32 on float32 input under {dt} autocast")
             check_close(
                 g32,
@@ -276,7 +295,21 @@ def custom_fwd_function(obs: Observations) -> None:
                 rtol=2e-6,
                 atol=1e-4,
             )
-            # Gradient under autocast: the input's dtype, equal to the softmax.
+            check_dtype(
+                g64,
+                torch.float64,
+                f"LogSumExp32 on a float64 input under {dt} autocast (cast_inputs leaves float64 "
+                "alone: the result stays float64)",
+            )
+            check_close(
+                g64,
+                torch.logsumexp(x, -1),
+                f"LogSumExp32 on float64 input of shape {shape} under {dt} autocast, computed "
+                f"in float64 (seed {seed})",
+                rtol=1e-9,
+                atol=1e-9,
+            )
+            # Gradient under autocast, equal to the softmax; backward() inside the region.
             w = torch.randn(shape[:-1], generator=gen)
             grad = obs.next("grad")
             check_dtype(grad, dt, f"the gradient of a {dt} input")
@@ -288,6 +321,14 @@ def custom_fwd_function(obs: Observations) -> None:
                 f"autocast, weighted by random output gradients (seed {seed})",
                 rtol=2e-2,
                 atol=2e-3,
+            )
+            saw = obs.next("backward autocast")
+            check(isinstance(saw, list), "internal: the backward's autocast state is missing")
+            check(
+                not any(s is not False for s in saw),
+                f"LogSumExp32's backward ran with {dt} autocast on: backward() was called inside "
+                "an autocast region, and only torch.amp.custom_bwd(device_type=...) on backward "
+                "gives it the autocast state of the forward's body (off, after cast_inputs)",
             )
     # gradcheck in float64 outside autocast, several shapes.
     for shape in [(6,), (3, 4), (2, 3, 5)]:

@@ -464,6 +464,96 @@ class LogSumExp32(torch.autograd.Function):
         return grad.unsqueeze(-1) * (x - out.unsqueeze(-1)).exp()
 """,
     ),
+    "lse_squeeze_drops_batch": (
+        "custom_fwd_function",
+        """
+class LogSumExp32(torch.autograd.Function):
+    # Wrong: keeps the reduced dimension and then calls a bare .squeeze(), which also drops a
+    # batch dimension of size 1 (shape (1, 11) gives shape () instead of (1,)).
+    @staticmethod
+    @torch.amp.custom_fwd(device_type=env.device_type, cast_inputs=torch.float32)
+    def forward(ctx, x):
+        m = x.amax(dim=-1, keepdim=True)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        out = ((x - m).exp().sum(dim=-1, keepdim=True).log() + m).squeeze()
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type=env.device_type)
+    def backward(ctx, grad):
+        x, out = ctx.saved_tensors
+        return grad.reshape(x.shape[:-1] + (1,)) * (x - out.reshape(x.shape[:-1] + (1,))).exp()
+""",
+    ),
+    "lse_float32_out_outside_autocast": (
+        "custom_fwd_function",
+        """
+class LogSumExp32(torch.autograd.Function):
+    # Wrong: casts float16 and bfloat16 inputs up to float32 by hand, so outside autocast a
+    # float16 input gives a float32 result instead of the input's dtype.
+    @staticmethod
+    @torch.amp.custom_fwd(device_type=env.device_type, cast_inputs=torch.float32)
+    def forward(ctx, x):
+        x = x.to(torch.promote_types(x.dtype, torch.float32))
+        m = x.amax(dim=-1, keepdim=True)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        out = (x - m).exp().sum(dim=-1).log() + m.squeeze(-1)
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type=env.device_type)
+    def backward(ctx, grad):
+        x, out = ctx.saved_tensors
+        return grad.unsqueeze(-1) * (x - out.unsqueeze(-1)).exp()
+""",
+    ),
+    "lse_without_custom_bwd": (
+        "custom_fwd_function",
+        """
+class LogSumExp32(torch.autograd.Function):
+    # Wrong: no custom_bwd on backward, so a backward() called inside an autocast region runs
+    # the backward's ops under that autocast.
+    @staticmethod
+    @torch.amp.custom_fwd(device_type=env.device_type, cast_inputs=torch.float32)
+    def forward(ctx, x):
+        m = x.amax(dim=-1, keepdim=True)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        out = (x - m).exp().sum(dim=-1).log() + m.squeeze(-1)
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, out = ctx.saved_tensors
+        return grad.unsqueeze(-1) * (x - out.unsqueeze(-1)).exp()
+""",
+    ),
+    "lse_casts_float64_under_autocast": (
+        "custom_fwd_function",
+        """
+class LogSumExp32(torch.autograd.Function):
+    # Wrong: no decorators; under autocast it casts every floating input to float32 by hand,
+    # float64 too, so a float64 input under autocast gives a float32 result.
+    @staticmethod
+    def forward(ctx, x):
+        if torch.is_autocast_enabled(env.device_type):
+            x = x.float()
+        with torch.amp.autocast(env.device_type, enabled=False):
+            m = x.amax(dim=-1, keepdim=True)
+            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+            out = (x - m).exp().sum(dim=-1).log() + m.squeeze(-1)
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        with torch.amp.autocast(env.device_type, enabled=False):
+            x, out = ctx.saved_tensors
+            return grad.unsqueeze(-1) * (x - out.unsqueeze(-1)).exp()
+""",
+    ),
 }
 
 

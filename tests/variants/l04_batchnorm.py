@@ -40,6 +40,78 @@ def half_with_fp32_norm(model):
     return model
 """,
     ),
+    "norm_base_class": (
+        "keep_norm_fp32",
+        """
+def half_with_fp32_norm(model):
+    # Wrong: BatchNorm's base class _NormBase also covers InstanceNorm1d/2d/3d, which the
+    # task's list does not name: they stay float32.
+    norm_types = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
+"""
+        + _HOOKS
+        + """
+    for module in model.modules():
+        if isinstance(module, norm_types):
+            module.float()
+            module.register_forward_pre_hook(to_float32)
+            module.register_forward_hook(to_float16)
+        else:
+            for p in module.parameters(recurse=False):
+                p.data = p.data.half()
+            for name, b in module.named_buffers(recurse=False):
+                if b.is_floating_point():
+                    setattr(module, name, b.half())
+    return model
+""",
+    ),
+    "instance_norm_kept": (
+        "keep_norm_fp32",
+        """
+def half_with_fp32_norm(model):
+    # Wrong: adds the InstanceNorm classes to the task's list.
+    norm_types = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm,
+                  nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
+"""
+        + _HOOKS
+        + """
+    for module in model.modules():
+        if isinstance(module, norm_types):
+            module.float()
+            module.register_forward_pre_hook(to_float32)
+            module.register_forward_hook(to_float16)
+        else:
+            for p in module.parameters(recurse=False):
+                p.data = p.data.half()
+            for name, b in module.named_buffers(recurse=False):
+                if b.is_floating_point():
+                    setattr(module, name, b.half())
+    return model
+""",
+    ),
+    "rms_norm_kept": (
+        "keep_norm_fp32",
+        """
+def half_with_fp32_norm(model):
+    # Wrong: adds nn.RMSNorm to the task's list.
+    norm_types = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm,
+                  nn.RMSNorm)
+"""
+        + _HOOKS
+        + """
+    for module in model.modules():
+        if isinstance(module, norm_types):
+            module.float()
+            module.register_forward_pre_hook(to_float32)
+            module.register_forward_hook(to_float16)
+        else:
+            for p in module.parameters(recurse=False):
+                p.data = p.data.half()
+            for name, b in module.named_buffers(recurse=False):
+                if b.is_floating_point():
+                    setattr(module, name, b.half())
+    return model
+""",
+    ),
     "exact_type_match": (
         "keep_norm_fp32",
         """
