@@ -282,8 +282,8 @@ def underflow_fraction(obs: Observations) -> None:
         got = obs.next("random")
         _float_result(got, "a Python float")
         tie = (
-            f"; among them {float(gs[-1][0])!r}, whose product with the scale is exactly 2^-25 "
-            "and rounds (to even) to 0 in float16, and its float32 neighbours"
+            f"; the gradients include {float(gs[-1][0])!r}, whose product with the scale is "
+            "exactly 2^-25 and rounds (to even) to 0 in float16, and its float32 neighbours"
             if math.log2(s).is_integer()
             else ""
         )
