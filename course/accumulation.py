@@ -652,85 +652,153 @@ def simulated_cuda_states(
 
 
 class _SimulatedGenerator:
-    """One simulated GPU's default generator: ``get_state`` and ``set_state``."""
+    """One simulated GPU's default generator: what torch.cuda's random functions call on
+    ``torch.cuda.default_generators[i]``. A state is 16 bytes, as a CUDA generator's is: the
+    seed, then the offset, each 8 bytes little-endian."""
 
     def __init__(self, gpus: SimulatedCudaGenerators, index: int) -> None:
         self._gpus, self._index = gpus, index
 
     def get_state(self) -> torch.Tensor:
-        return self._gpus.get_rng_state(self._index)
+        state = self._gpus.states[self._index]
+        return state.clone() if isinstance(state, torch.Tensor) else state  # type: ignore[return-value]
 
     def set_state(self, new_state: torch.Tensor) -> None:
-        self._gpus.set_rng_state(new_state, self._index)
+        self._gpus.states[self._index] = (
+            new_state.clone() if isinstance(new_state, torch.Tensor) else new_state
+        )
+
+    def manual_seed(self, seed: int) -> _SimulatedGenerator:
+        seed = int(seed) % 2**64
+        self.set_state(torch.tensor(list(seed.to_bytes(8, "little")) + [0] * 8, dtype=torch.uint8))
+        return self
+
+    def seed(self) -> int:
+        seed = int(torch.randint(0, 2**62, ()))
+        self.manual_seed(seed)
+        return seed
+
+    def initial_seed(self) -> int:
+        state = self.get_state()
+        return int.from_bytes(bytes(state[:8].tolist()), "little")
 
 
 class SimulatedCudaGenerators(contextlib.AbstractContextManager):
     """CUDA generators on a machine without a GPU, so that a CPU test can see whether a
     checkpoint saves and restores them (lesson 05's hidden test of ``checkpoint_state``).
 
-    Inside ``with``, ``torch.cuda.is_available()`` is True, ``torch.cuda.device_count()`` is
-    ``len(states)``, the current device is 0, and torch.cuda's random-state functions
-    (``get_rng_state``, ``get_rng_state_all``, ``set_rng_state``, ``set_rng_state_all``, in
-    ``torch.cuda`` and ``torch.cuda.random``, and ``torch.cuda.default_generators``) read and
-    write :attr:`states`, one state per simulated GPU. Everything is put back on exit.
+    Inside ``with``, torch behaves as on a machine with ``len(states)`` GPUs as far as their
+    random states go: ``torch.cuda.is_available()``, ``is_initialized()`` and
+    ``torch.accelerator.is_available()`` are True, ``device_count()`` is ``len(states)``, and
+    ``torch.cuda.default_generators`` read and write :attr:`states`, one per simulated GPU. The
+    pieces torch.cuda's own random functions are built from are replaced (``device_count``,
+    ``current_device``, ``_lazy_init``, ``_lazy_call``, ``is_initialized`` in ``torch.cuda`` and
+    ``torch.cuda.random``), not the functions themselves, so ``get_rng_state(_all)``,
+    ``set_rng_state(_all)``, ``manual_seed(_all)``, ``seed(_all)`` and ``initial_seed`` work
+    however they were imported. ``torch.cuda.device(i)``, ``torch.cuda.set_device(i)`` and
+    ``torch.accelerator.set_device_index(i)`` change the current device (0 at the start). What
+    is not simulated: tensors on a GPU, and ``torch.device(i)`` with a bare integer (it asks the
+    compiled-in accelerator). Everything is put back on exit, also after an exception.
     """
-
-    _RANDOM = ("get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state_all")
 
     def __init__(self, states: Sequence[torch.Tensor]) -> None:
         self.states: list[object] = [s.clone() for s in states]
+        self.current = 0
         self._saved: list[tuple[object, str, object]] = []
 
-    def _device_index(self, device: int | str | torch.device) -> int:
-        if isinstance(device, int):
-            index = device
-        else:
-            dev = torch.device(device)
-            if dev.type != "cuda":
-                raise ValueError(f"not a CUDA device: {device!r}")
-            index = 0 if dev.index is None else dev.index
+    def _index(self, index: int) -> int:
         if not 0 <= index < len(self.states):
-            raise RuntimeError(f"CUDA device {index} does not exist ({len(self.states)} GPUs)")
+            raise RuntimeError(
+                f"CUDA error: invalid device ordinal {index} ({len(self.states)} GPUs)"
+            )
         return index
 
-    def get_rng_state(self, device: int | str | torch.device = "cuda") -> torch.Tensor:
-        state = self.states[self._device_index(device)]
-        return state.clone() if isinstance(state, torch.Tensor) else state  # type: ignore[return-value]
+    def _exchange_device(self, index: int) -> int:
+        previous = self.current
+        if index >= 0:
+            self.current = self._index(index)
+        return previous
 
-    def get_rng_state_all(self) -> list[torch.Tensor]:
-        return [self.get_rng_state(i) for i in range(len(self.states))]
+    def _set_device(self, device: object) -> None:
+        from torch.cuda._utils import _get_device_index
 
-    def set_rng_state(
-        self, new_state: torch.Tensor, device: int | str | torch.device = "cuda"
-    ) -> None:
-        index = self._device_index(device)
-        self.states[index] = new_state.clone() if isinstance(new_state, torch.Tensor) else new_state
+        index = _get_device_index(device)
+        if index >= 0:
+            self.current = self._index(index)
 
-    def set_rng_state_all(self, new_states: Iterable[torch.Tensor]) -> None:
-        for i, state in enumerate(new_states):
-            self.set_rng_state(state, i)
+    def _set_device_index(self, device: object) -> None:
+        from torch._utils import _get_device_index
+
+        self._set_device(_get_device_index(device, optional=True))
 
     def __enter__(self) -> SimulatedCudaGenerators:
+        import torch.accelerator
         import torch.cuda.random as cuda_random
 
+        def current_device() -> int:
+            return self.current
+
+        def device_count() -> int:
+            return len(self.states)
+
+        def run_now(callable: Callable[[], object], **kwargs: object) -> None:
+            callable()
+
+        def current_accelerator(check_available: bool = False) -> torch.device:
+            return torch.device("cuda")
+
+        pieces = {
+            "device_count": device_count,
+            "current_device": current_device,
+            "is_initialized": lambda: True,
+            "_lazy_init": lambda: None,
+            "_lazy_call": run_now,
+        }
         patches: list[tuple[object, str, object]] = [
             (torch.cuda, "is_available", lambda: True),
-            (torch.cuda, "device_count", lambda: len(self.states)),
-            (torch.cuda, "current_device", lambda: 0),
+            (torch.cuda, "_initialized", True),
             (
                 torch.cuda,
                 "default_generators",
                 tuple(_SimulatedGenerator(self, i) for i in range(len(self.states))),
             ),
+            (torch.cuda, "_exchange_device", self._exchange_device),
+            (torch.cuda, "_maybe_exchange_device", self._exchange_device),
+            (torch.cuda, "set_device", self._set_device),
+            (torch.accelerator, "current_accelerator", current_accelerator),
+            (torch.accelerator, "current_device_index", current_device),
+            (torch.accelerator, "set_device_index", self._set_device_index),
         ]
         for module in (torch.cuda, cuda_random):
-            patches += [(module, name, getattr(self, name)) for name in self._RANDOM]
-        for module, name, value in patches:
-            self._saved.append((module, name, getattr(module, name)))
-            setattr(module, name, value)
+            patches += [(module, name, value) for name, value in pieces.items()]
+        # What the real torch.cuda.current_device and set_device call, wherever they were
+        # imported from; a build with CUDA has them, and they are left alone there.
+        for name, value in (
+            ("_cuda_getDevice", current_device),
+            ("_cuda_setDevice", self._set_device),
+        ):
+            if not hasattr(torch._C, name):
+                patches.append((torch._C, name, value))
+        try:
+            for module, name, value in patches:
+                self._saved.append((module, name, getattr(module, name, _MISSING)))
+                setattr(module, name, value)
+        except BaseException:
+            self._restore()
+            raise
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def _restore(self) -> None:
         while self._saved:
             module, name, value = self._saved.pop()
-            setattr(module, name, value)
+            if value is _MISSING:
+                delattr(module, name)
+            else:
+                setattr(module, name, value)
+
+    def __exit__(self, *exc: object) -> None:
+        self._restore()
+
+
+#: What ``SimulatedCudaGenerators`` saves for an attribute it adds (and removes on exit).
+_MISSING = object()

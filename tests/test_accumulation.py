@@ -393,3 +393,48 @@ def test_a_checkpoint_without_the_gpu_states_leaves_the_simulated_gpus_where_the
             load(tmp_path / "c.pt")
         restored = all(a.equal(b) for a, b in zip(gpus.states, saved, strict=True))
         assert restored is with_gpus
+
+
+def test_simulated_gpus_serve_torch_cuda_functions_however_they_were_imported():
+    # torch.cuda's own random functions run on the simulated GPUs: imported by name before the
+    # simulation starts, per device under torch.cuda.device(i) or set_device, and behind
+    # torch.accelerator's and is_initialized()'s guards. Everything is put back after an error.
+    from torch.cuda import current_device, get_rng_state_all, is_initialized, set_rng_state_all
+
+    from course.accumulation import SimulatedCudaGenerators, simulated_cuda_states
+
+    def outside():
+        return (
+            torch.cuda.is_available(),
+            torch.accelerator.is_available(),
+            len(get_rng_state_all()),
+            is_initialized(),
+            len(torch.cuda.default_generators),
+            hasattr(torch._C, "_cuda_getDevice"),
+            torch.cuda._lazy_call,
+            torch.cuda.random.current_device,
+            torch.accelerator.current_accelerator,
+        )
+
+    real = outside()
+    saved, later = simulated_cuda_states(5, 0, 3), simulated_cuda_states(5, 0, 3, later=True)
+    gpus = SimulatedCudaGenerators(saved)
+    with gpus:
+        assert all(a.equal(b) for a, b in zip(get_rng_state_all(), saved, strict=True))
+        assert is_initialized() and torch.cuda.is_initialized()
+        assert torch.accelerator.is_available() and torch.accelerator.device_count() == 3
+        with torch.cuda.device(2):
+            assert current_device() == 2 and torch.cuda.get_rng_state().equal(saved[2])
+        assert torch.cuda.current_device() == 0
+        torch.cuda.set_device(1)
+        torch.cuda.set_rng_state(later[1])
+        torch.cuda.set_device(0)
+        set_rng_state_all([later[0]])
+        torch.cuda.manual_seed_all(11)
+        assert torch.cuda.initial_seed() == 11 and torch.cuda.random.initial_seed() == 11
+        set_rng_state_all(saved)
+    assert all(a.equal(b) for a, b in zip(gpus.states, saved, strict=True))
+    assert outside() == real
+    with pytest.raises(KeyError), gpus:
+        raise KeyError("inside")
+    assert outside() == real

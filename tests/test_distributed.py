@@ -709,10 +709,65 @@ def test_every_fp16_mean_draw_has_four_ranks_where_a_fixed_half_prescale_overflo
     assert FOUR == 4
     for seed in range(200):
         four = fp16_cases(seed)[3]
-        case, _ = four[0]
-        assert len(case) == FOUR and all(len(c) == FOUR for c, _ in four)
+        case, _, _ = four[0]
+        assert len(case) == FOUR and all(len(c) == FOUR for c, _, _ in four)
         halves = [(t / 2).half() for t in case]
         shares = [(t / FOUR).half() for t in case]
         for order in itertools.permutations(range(FOUR)):
             assert bool(float16_sum(halves, order).isinf().all()), seed
             assert bool(float16_sum(shares, order).isfinite().all()), seed
+
+
+def _float16_sums(shares, order):
+    """The float16 sum of the rounded shares in one order, as an all-reduce might add them."""
+    total = shares[order[0]]
+    for i in order[1:]:
+        total = total + shares[i]
+    return total
+
+
+def test_every_fp16_mean_draw_has_subnormal_shares_where_a_fixed_prescale_misses():
+    # On 2 and on 4 ranks, every draw holds shares that are odd multiples of 2^-24: the mean of
+    # value / world size is exact in every order of the float16 sum, while a fixed prescale of
+    # 1/4, 1/8 or 1/16 (larger than the world size, rescaled after the sum) misses every element
+    # by at least 2^-24 in every order.
+    import itertools
+
+    from grader.judges.l06_multi_gpu import FOUR, fp16_cases
+
+    for seed in range(200):
+        cases, kinds, _, four = fp16_cases(seed)
+        exact_two = [c for c, (_, exact) in zip(cases, kinds, strict=True) if exact]
+        exact_four = [c for c, _, exact in four if exact]
+        subnormal = [
+            c
+            for c in exact_two + exact_four
+            if all(bool(((t / len(c)).abs() < 2.0**-14).all()) for t in c)
+        ]
+        assert {len(c) for c in subnormal} == {2, FOUR}, seed
+        for case in subnormal:
+            ranks = len(case)
+            mean = torch.stack([t.double() / ranks for t in case]).sum(0)
+            for order in itertools.permutations(range(ranks)):
+                right = _float16_sums([(t / ranks).half() for t in case], order).double()
+                assert torch.equal(right, mean), seed
+                for c in (4, 8, 16):
+                    if c <= ranks:
+                        continue
+                    wrong = _float16_sums([(t / c).half() for t in case], order).double()
+                    assert bool(((wrong * c / ranks - mean).abs() >= 2.0**-24).all()), (seed, c)
+
+
+def test_no_fp16_mean_case_can_overflow_a_correct_answer():
+    # The task promises no overflow as long as the float16 sums of the rounded shares stay
+    # finite: in every hidden case, on 2 and on 4 ranks, they do in every order.
+    import itertools
+
+    from grader.judges.l06_multi_gpu import fp16_cases
+
+    for seed in range(200):
+        cases, _, _, four = fp16_cases(seed)
+        for case in cases + [c for c, _, _ in four]:
+            shares = [(t / len(case)).half() for t in case]
+            for order in itertools.permutations(range(len(case))):
+                assert bool(_float16_sums(shares, order).isfinite().all()), seed

@@ -286,17 +286,35 @@ def ddp_amp_worker(obs: Observations) -> None:
 FOUR = 4
 
 
+def subnormal_shares(
+    gen: torch.Generator, shape: tuple[int, ...], ranks: int
+) -> list[torch.Tensor]:
+    """One value per rank whose share (value / ``ranks``) is k * 2^-24, k = 1 + 32 j (j from 0
+    to 15, so odd), one sign per element on every rank: each share is a float16 subnormal, and
+    every sum of them a multiple of 2^-24 below 2^-13 (at most 4 * 481 * 2^-24), where float16's
+    spacing is 2^-24, so the mean is exact in float16 in any order of the sum. Dividing by a fixed
+    c > ``ranks`` instead rounds k / (c / ranks) units of 2^-24 down in size (the tie k / 2 goes
+    to the even (k - 1) / 2), which after the multiplication by c / ranks leaves each rank's share
+    2^-24 short."""
+    signs = torch.randint(0, 2, shape, generator=gen).float() * 2 - 1
+    return [
+        signs * (1 + 32 * torch.randint(0, 16, shape, generator=gen)).float() * (ranks * 2.0**-24)
+        for _ in range(ranks)
+    ]
+
+
 def fp16_cases(
     seed: int,
 ) -> tuple[
     list[list[torch.Tensor]],
     list[tuple[str, bool]],
     list[torch.Tensor],
-    list[tuple[list[torch.Tensor], str]],
+    list[tuple[list[torch.Tensor], str, bool]],
 ]:
     """The hidden cases of ``fp16_allreduce_mean`` (one tensor per rank each), their kinds
     (name, exact), each rank's tensor for its own one-rank group, and the cases of the
-    second launch on ``FOUR`` ranks with their names, drawn as the driver draws them."""
+    second launch on ``FOUR`` ranks with their names and whether the mean is exact, drawn as
+    the driver draws them."""
     gen = torch.Generator().manual_seed(seed)
     cases, kinds = [], []
     shape = (
@@ -333,6 +351,12 @@ def fp16_cases(
     first = 66000 + 64000 * torch.rand(shape, generator=gen)
     cases.append([-first, 66000 + 64000 * torch.rand(shape, generator=gen)])
     kinds.append(("both ranks beyond float16, opposite signs", False))
+    # Exact, in float16's subnormals: each share (value / 2) an odd multiple of 2^-24, 1 more
+    # than a multiple of 32, one sign per element: a fixed divisor c larger than the world size
+    # rounds every share the same way (k * 2^-24 * 2 / c with k = 1 mod 32: down, ties to even
+    # included) and misses the mean by 2^-24 per rank.
+    cases.append(subnormal_shares(gen, shape, 2))
+    kinds.append(("shares that are odd multiples of 2^-24 (float16 subnormals)", True))
     alone = [100 * torch.randn(shape, generator=gen) for _ in range(2)]
     # Four ranks, each value 33000 to 60000 in size, one sign per element on every rank: each
     # share (a quarter) and the mean fit in float16, but half of each value summed over the four
@@ -342,6 +366,7 @@ def fp16_cases(
         (
             [signs * (33000 + 27000 * torch.rand(shape, generator=gen)) for _ in range(FOUR)],
             f"{FOUR} ranks holding 33000 to 60000 (one sign per element)",
+            False,
         )
     ]
     # Four ranks, random magnitudes from 1e-2 to 1e2 and both signs.
@@ -353,6 +378,15 @@ def fp16_cases(
                 for _ in range(FOUR)
             ],
             f"{FOUR} ranks, random magnitudes",
+            False,
+        )
+    )
+    # Exact, in float16's subnormals, as on 2 ranks: each share (value / 4) k * 2^-24.
+    four.append(
+        (
+            subnormal_shares(gen, shape, FOUR),
+            f"{FOUR} ranks, shares that are odd multiples of 2^-24 (float16 subnormals)",
+            True,
         )
     )
     return cases, kinds, alone, four
@@ -478,7 +512,7 @@ def fp16_allreduce_mean(obs: Observations) -> None:
         all(isinstance(r, list) and len(r) == len(four) for r in of_four),
         "internal: the driver's runs on four ranks are missing",
     )
-    for i, (case, kind) in enumerate(four):
+    for i, (case, kind, exact) in enumerate(four):
         # The ranks may sum the float16 shares in any order: each share rounds once (2^-11
         # relative) and each of the 3 additions once, by at most 2^-11 of the sum of the
         # shares' sizes (a hair more, counting earlier roundings): 5 * 2^-11 of it covers
@@ -490,7 +524,10 @@ def fp16_allreduce_mean(obs: Observations) -> None:
             shares.sum(0),
             f"hidden case: {kind} (seed {seed})",
             exact=False,
-            bound=5 * 2.0**-11 * shares.abs().sum(0) + 2.0**-22,
+            # Exact: every share and every sum of shares is a float16 number, in any order.
+            bound=torch.zeros_like(shares[0])
+            if exact
+            else 5 * 2.0**-11 * shares.abs().sum(0) + 2.0**-22,
         )
 
 

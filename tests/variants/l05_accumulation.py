@@ -654,4 +654,77 @@ def load_training_state(path, model, optimizer, scaler):
     torch.cuda.set_rng_state_all(state["cuda_rng"])
 """,
     ),
+    "checkpoint_cuda_imported_functions": (
+        "checkpoint_state",
+        """
+from torch.cuda import get_rng_state_all, set_rng_state_all
+
+
+def save_training_state(path, model, optimizer, scaler):
+    # Valid: torch.cuda's functions imported by name when the cell runs, before any test.
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scaler": scaler.state_dict(), "cpu_rng": torch.get_rng_state(),
+                "cuda_rng": get_rng_state_all()}, path)
+
+
+def load_training_state(path, model, optimizer, scaler):
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["cpu_rng"])
+    set_rng_state_all(state["cuda_rng"])
+""",
+    ),
+    "checkpoint_cuda_device_context": (
+        "checkpoint_state",
+        """
+def save_training_state(path, model, optimizer, scaler):
+    # Valid: selects each GPU with torch.cuda.device(i) and reads the current device's state.
+    gpus = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            with torch.cuda.device(i):
+                gpus.append(torch.cuda.get_rng_state())
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scaler": scaler.state_dict(), "cpu": torch.get_rng_state(), "gpus": gpus},
+               path)
+
+
+def load_training_state(path, model, optimizer, scaler):
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["cpu"])
+    for i, gpu_state in enumerate(state["gpus"]):
+        torch.cuda.set_device(i)
+        torch.cuda.set_rng_state(gpu_state)
+    if state["gpus"]:
+        torch.cuda.set_device(0)
+""",
+    ),
+    "checkpoint_accelerator_guard": (
+        "checkpoint_state",
+        """
+def save_training_state(path, model, optimizer, scaler):
+    # Valid: asks torch.accelerator whether there is a GPU, and torch.cuda.random for the states.
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "scaler": scaler.state_dict(), "cpu": torch.get_rng_state()}
+    if torch.accelerator.is_available():
+        state["cuda"] = [torch.cuda.random.get_rng_state(i)
+                         for i in range(torch.accelerator.device_count())]
+    torch.save(state, path)
+
+
+def load_training_state(path, model, optimizer, scaler):
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.accelerator.is_available():
+        torch.cuda.random.set_rng_state_all(state["cuda"])
+""",
+    ),
 }

@@ -144,6 +144,28 @@ def fp16_allreduce_mean(tensor, group=None):
     return buffer.float() * 2 / dist.get_world_size(group)
 """,
     ),
+    "fp16_fixed_quarter_prescale": (
+        "fp16_allreduce_mean",
+        """
+def fp16_allreduce_mean(tensor, group=None):
+    # Wrong: prescales by a fixed 1/4 and rescales after the sum. Exact on 4 ranks, and on 2 it
+    # differs only where a quarter of a value is below float16's smallest subnormal step.
+    buffer = (tensor.float() / 4).half()
+    dist.all_reduce(buffer, group=group)
+    return buffer.float() * 4 / dist.get_world_size(group)
+""",
+    ),
+    "fp16_fixed_eighth_prescale": (
+        "fp16_allreduce_mean",
+        """
+def fp16_allreduce_mean(tensor, group=None):
+    # Wrong: prescales by a fixed 1/8 and rescales after the sum; dividing by a power of two
+    # changes float16 rounding only in the subnormals.
+    buffer = (tensor.float() / 8).half()
+    dist.all_reduce(buffer, group=group)
+    return buffer.float() * 8 / dist.get_world_size(group)
+""",
+    ),
     "bn_average_of_rank_means": (
         "sync_bn_stats",
         """
