@@ -1278,11 +1278,13 @@ def autocast_in_backward(output: torch.Tensor, device_type: str) -> Iterator[lis
 
     A hook on ``output`` hands that backward its gradient as a tensor subclass whose
     ``__torch_function__`` appends ``torch.is_autocast_enabled(device_type)`` to the yielded
-    list for each torch function called on it, then runs the function on plain tensors. A
-    custom autograd function decorated with ``torch.amp.custom_bwd`` runs its backward in the
-    autocast state its forward's body ran in (off after ``cast_inputs``), even when
-    ``backward()`` is called inside an autocast region; without it the backward runs in the state
-    ``backward()`` was called in.
+    list for each torch function called on it, then runs the function on plain tensors. So the
+    list holds one entry per op whose arguments include the incoming gradient (``grad.unsqueeze``,
+    ``grad * p``, ...); ops on the saved tensors alone are not seen. A custom autograd function
+    decorated with ``torch.amp.custom_bwd`` runs its backward in the autocast state its forward's
+    body ran in (off after ``cast_inputs``), even when ``backward()`` is called inside an autocast
+    region; a backward whose body runs in ``torch.autocast(device_type, enabled=False)`` has it
+    off too; otherwise the backward runs in the state ``backward()`` was called in.
     """
     seen: list[bool] = []
 

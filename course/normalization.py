@@ -741,11 +741,18 @@ class RunningVarianceExplorer:
 # The hidden test builds them from its seed beside the student's code, and the grader builds the
 # same ones again to run its reference; neither holds anything of the reference itself.
 
-#: The normalization layers half_with_fp32_norm keeps in float32 (lesson 04).
+#: The normalization layers half_with_fp32_norm keeps in float32 (lesson 04). SyncBatchNorm and
+#: the lazy BatchNorm classes derive from BatchNorm's base class, not from BatchNorm1d/2d/3d; the
+#: task counts them as BatchNorm (the hidden models hold neither: SyncBatchNorm refuses CPU input,
+#: and a lazy layer turns into its BatchNorm class once it has run).
 NORM_TYPES: tuple[type[nn.Module], ...] = (
     nn.BatchNorm1d,
     nn.BatchNorm2d,
     nn.BatchNorm3d,
+    nn.SyncBatchNorm,
+    nn.LazyBatchNorm1d,
+    nn.LazyBatchNorm2d,
+    nn.LazyBatchNorm3d,
     nn.LayerNorm,
     nn.GroupNorm,
 )

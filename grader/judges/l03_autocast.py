@@ -327,8 +327,10 @@ def custom_fwd_function(obs: Observations) -> None:
             check(
                 not any(s is not False for s in saw),
                 f"LogSumExp32's backward ran with {dt} autocast on: backward() was called inside "
-                "an autocast region, and only torch.amp.custom_bwd(device_type=...) on backward "
-                "gives it the autocast state of the forward's body (off, after cast_inputs)",
+                "an autocast region, and the backward must run with autocast off; custom_bwd runs "
+                "backward in the forward body's autocast state, which cast_inputs turns off "
+                "(torch.amp.custom_bwd(device_type=...) on backward), or run its body in a "
+                "torch.amp.autocast(device_type, enabled=False) region",
             )
     # gradcheck in float64 outside autocast, several shapes.
     for shape in [(6,), (3, 4), (2, 3, 5)]:

@@ -700,4 +700,26 @@ class LogSumExp32(torch.autograd.Function):
         return torch.softmax(x, dim=-1) * grad.unsqueeze(-1)
 """,
     ),
+    "lse_backward_autocast_off_by_hand": (
+        "custom_fwd_function",
+        """
+class LogSumExp32(torch.autograd.Function):
+    # No custom_bwd: the backward turns autocast off itself, so it runs with autocast off even
+    # when backward() is called inside an autocast region.
+    @staticmethod
+    @torch.amp.custom_fwd(device_type=env.device_type, cast_inputs=torch.float32)
+    def forward(ctx, x):
+        m = x.amax(dim=-1, keepdim=True)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        out = (x - m).exp().sum(dim=-1).log() + m.squeeze(-1)
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        with torch.autocast(env.device_type, enabled=False):
+            x, out = ctx.saved_tensors
+            return grad.unsqueeze(-1) * (x - out.unsqueeze(-1)).exp()
+""",
+    ),
 }
