@@ -39,7 +39,8 @@ class AutocastProbeGPT(GPT):
     and autocast were on (and autocast's dtype) and its input, and, when backward reaches the
     logits, whether autocast was on then and the gradient's norm (lesson 09's tests of
     ``train_compare``: the recipe runs ``backward()`` outside autocast, and a GradScaler scales
-    the float16 run's gradients)."""
+    the float16 run's gradients). Each forward pass also notes, before it computes, where its
+    input and its weights are (:meth:`placement`)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
@@ -49,10 +50,12 @@ class AutocastProbeGPT(GPT):
         self.backward_autocast: list[bool] = []
         self.grad_norms: list[float] = []
         self.step_grad_norms: list[float] = []
+        self.devices: list[tuple[str, str]] = []
         _watch_optimizer_steps(self)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         kind = idx.device.type
+        self.devices.append((str(idx.device), str(self.tok_emb.weight.device)))
         on = torch.is_autocast_enabled(kind)
         self.calls.append((torch.is_grad_enabled(), on, idx.clone()))
         self.dtypes.append(str(torch.get_autocast_dtype(kind)) if on else None)
@@ -79,6 +82,15 @@ class AutocastProbeGPT(GPT):
             "grad_norm": list(self.grad_norms),
             "step_grad_norm": list(self.step_grad_norms),
             "initial": {k: v.cpu() for k, v in self.initial.items()},
+        }
+
+    def placement(self) -> dict:
+        """Per forward pass, where its input and its token embedding (the first weight it
+        uses) were, as device names: no tensor, so it can be read when they are on the meta
+        device."""
+        return {
+            "inputs": [i for i, _ in self.devices],
+            "weights": [w for _, w in self.devices],
         }
 
 

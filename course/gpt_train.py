@@ -8,8 +8,11 @@ one process per GPU (``nccl``) or several CPU processes (``gloo``)::
     torchrun --standalone --nproc-per-node 2 -m course.gpt_train --functions step.py --steps 20
     torchrun --standalone --nproc-per-node 8 -m course.gpt_train --functions step.py \\
         --size gpu --steps 2000 --checkpoint run.pt --save-every 100   # again with --resume
-    torchrun --nnodes 2 --node-rank R --nproc-per-node 8 --rdzv-backend c10d \\
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
         --rdzv-endpoint HOST:29500 --rdzv-id JOB -m course.gpt_train --functions step.py ...
+
+(the same command on every machine: the c10d rendezvous numbers the machines itself, so it takes
+no ``--node-rank``).
 
 (``python -m course.gpt_train`` alone trains in one process.) Each optimizer step hands
 ``--accum`` micro-batches of ``--batch-size`` windows per rank to ``distributed_step``. The windows
@@ -30,6 +33,7 @@ import contextlib
 import hashlib
 import importlib.util
 import json
+import math
 import time
 import warnings
 from collections.abc import Callable
@@ -69,7 +73,9 @@ class RunSpec:
     ``save_at``; ``stop_after`` ends the run early after that step (an interruption, for
     testing resume); ``corpus_bytes`` is how much of the standard library it reads;
     ``init_scale`` is the GradScaler's first scale (a large one makes the first float16 steps
-    overflow and be skipped); ``text`` is ``"stdlib"`` (the standard library's source) or
+    overflow and be skipped) and ``growth_interval`` how many steps in a row it must take
+    before it doubles the scale (torch's default, 2000; 1 doubles it after every step taken);
+    ``text`` is ``"stdlib"`` (the standard library's source) or
     ``"random"`` (``corpus_bytes`` uniform random bytes, quick to make: the grader's choice);
     ``evaluate`` measures the validation loss at the end; ``keep_state`` returns the final
     weights."""
@@ -83,6 +89,7 @@ class RunSpec:
     warmup: int = 2
     max_grad_norm: float = 1.0
     init_scale: float = 2.0**16
+    growth_interval: int = 2000
     seed: int = 0
     checkpoint: str = ""
     save_every: int = 0
@@ -162,8 +169,10 @@ def corpus(spec: RunSpec) -> tuple[torch.Tensor, torch.Tensor]:
 def graded_spec(seed: int, checkpoint: str = "") -> RunSpec:
     """The run lesson 09's hidden test of ``distributed_step`` launches on 2 gloo ranks, from
     its seed (the grader rebuilds it from the same seed): float16 with a
-    first scale so large that the first steps overflow and are skipped, dropout (so the RNG
-    state matters), documents of different lengths (so the ranks count different tokens)."""
+    first scale so large that the first steps overflow and are skipped, a scale that doubles
+    after every step taken (so a step taken can end with a larger scale than it began with),
+    dropout (so the RNG state matters), documents of different lengths (so the ranks count
+    different tokens)."""
     gen = torch.Generator().manual_seed(seed)
     v = torch.randint(0, 10**6, (5,), generator=gen).tolist()
     heads = 1 + v[0] % 2
@@ -186,6 +195,7 @@ def graded_spec(seed: int, checkpoint: str = "") -> RunSpec:
         warmup=3,
         max_grad_norm=0.2,
         init_scale=2.0**20,
+        growth_interval=1,
         seed=v[4],
         checkpoint=checkpoint,
         save_at=(3,),
@@ -203,9 +213,128 @@ def training_state(
     LR schedule (lesson 09)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr)
     scaler = torch.amp.GradScaler(
-        device.type, init_scale=spec.init_scale, enabled=DTYPES[spec.dtype] == torch.float16
+        device.type,
+        init_scale=spec.init_scale,
+        growth_interval=spec.growth_interval,
+        enabled=DTYPES[spec.dtype] == torch.float16,
     )
     return optimizer, scaler, lr_schedule(optimizer, spec.warmup, spec.steps)
+
+
+def gradient_norm(model: torch.nn.Module) -> float:
+    """The norm of all of ``model``'s gradients together, summed in float64 (inf or nan where a
+    gradient is; nan when there are none)."""
+    squares = [
+        p.grad.detach().double().square().sum() for p in model.parameters() if p.grad is not None
+    ]
+    return math.sqrt(float(sum(squares))) if squares else float("nan")
+
+
+def record_unscaled_norms(scaler: torch.amp.GradScaler, model: torch.nn.Module) -> list[float]:
+    """From now on, each time ``scaler`` unscales the gradients (``scaler.unscale_(optimizer)``,
+    or ``scaler.step`` doing it when nobody did), append :func:`gradient_norm` of ``model`` right
+    after: the norm of the gradient of the step's loss, before any clipping (lesson 09's tests:
+    clipping and AdamW hide a gradient that is too large or too small by a constant factor, the
+    norm does not). Returns the list the norms are appended to."""
+    norms: list[float] = []
+    unscale = scaler.unscale_
+
+    def unscale_and_record(optimizer: torch.optim.Optimizer) -> None:
+        unscale(optimizer)
+        norms.append(gradient_norm(model))
+
+    scaler.unscale_ = unscale_and_record  # type: ignore[method-assign]
+    return norms
+
+
+class PretendCudaGenerators:
+    """Stand-ins for the CUDA generators of a machine with ``count`` GPUs, for a CPU-only test
+    (lesson 09): inside :meth:`installed`, ``torch.cuda.is_available()`` is True and
+    ``torch.cuda.get_rng_state(_all)`` / ``set_rng_state(_all)`` (also under ``torch.cuda.random``)
+    read and write :attr:`states`, one 16-byte CPU ``ByteTensor`` per GPU, the form a CUDA
+    generator's state takes. Setting anything else raises, as on a GPU machine."""
+
+    NAMES = ("get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state_all")
+
+    def __init__(self, seed: int, count: int = 1) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.states = [
+            torch.randint(0, 256, (16,), generator=gen, dtype=torch.uint8) for _ in range(count)
+        ]
+
+    def _index(self, device: object) -> int:
+        index = device if isinstance(device, int) else torch.device(device).index
+        return 0 if index is None else index
+
+    def get_rng_state(self, device: object = "cuda") -> torch.Tensor:
+        return self.states[self._index(device)].clone()
+
+    def get_rng_state_all(self) -> list[torch.Tensor]:
+        return [s.clone() for s in self.states]
+
+    def set_rng_state(self, new_state: torch.Tensor, device: object = "cuda") -> None:
+        if not (
+            isinstance(new_state, torch.Tensor)
+            and new_state.device.type == "cpu"
+            and new_state.dtype == torch.uint8
+            and new_state.shape == (16,)
+        ):
+            raise TypeError(
+                "a CUDA generator's state must be the CPU ByteTensor torch.cuda.get_rng_state "
+                f"gave, got {new_state!r:.80}"
+            )
+        self.states[self._index(device)] = new_state.clone()
+
+    def set_rng_state_all(self, new_states: list[torch.Tensor]) -> None:
+        for i, state in enumerate(new_states):
+            self.set_rng_state(state, i)
+
+    @contextlib.contextmanager
+    def installed(self):
+        """``torch.cuda`` answering from these generators for the block."""
+        fakes = {name: getattr(self, name) for name in self.NAMES}
+        fakes.update(
+            is_available=lambda: True,
+            is_initialized=lambda: True,
+            device_count=lambda: len(self.states),
+            current_device=lambda: 0,
+        )
+        saved = []
+        for module in (torch.cuda, torch.cuda.random):
+            for name, fake in fakes.items():
+                if hasattr(module, name):
+                    saved.append((module, name, getattr(module, name)))
+                    setattr(module, name, fake)
+        try:
+            yield self
+        finally:
+            for module, name, original in reversed(saved):
+                setattr(module, name, original)
+
+
+def cuda_generators_round_trip(spec: RunSpec, functions: Functions, path: str) -> dict:
+    """The learner's ``save_checkpoint`` then ``load_checkpoint`` (``functions``) on a model of
+    ``spec`` on the CPU, as if the machine had a GPU (lesson 09's tests): the CUDA generators are
+    :class:`PretendCudaGenerators`. Between the save and the load they move on (as dropout moves
+    them on a GPU); the load must put back the state they had at the save. Returns ``error``
+    (the exception as text, or None), the generator states at the save (``saved``) and after
+    the load (``restored``); the CPU generator's state is kept for the caller."""
+    _, save_fn, load_fn = functions
+    cuda = PretendCudaGenerators(spec.seed)
+    error, saved, restored = None, cuda.get_rng_state_all(), []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        model = GPT(spec.config)
+        optimizer, scaler, scheduler = training_state(spec, model, torch.device("cpu"))
+        try:
+            with cuda.installed():
+                save_fn(path, model, optimizer, scaler, scheduler, spec.accum)
+                cuda.states = PretendCudaGenerators(spec.seed + 1).states  # moved on
+                load_fn(path, model, optimizer, scaler, scheduler)
+        except Exception as exc:  # noqa: BLE001 - reported to the learner
+            error = f"{type(exc).__name__}: {exc}"
+        restored = cuda.get_rng_state_all()
+    return {"error": error, "saved": saved, "restored": restored}
 
 
 def load_off_cpu(spec: RunSpec, functions: Functions, rank: int = 0) -> dict:
@@ -256,8 +385,10 @@ def train(spec: RunSpec, device: torch.device, functions: Functions) -> dict:
 
     Returns, for the steps this call ran: the step it started from, per step the training loss
     ``distributed_step`` returned, whether the optimizer stepped, the learning rate and the
-    loss scale in effect, the DDP gradient all-reduces made; then the validation loss at the
-    end, the weights' :func:`digest` (and the weights with ``keep_state``) and timing.
+    loss scale in effect, the DDP gradient all-reduces made and the gradient's norm when the
+    scaler unscaled it (:func:`record_unscaled_norms`; nan for a step that did not); then the
+    validation loss at the end, the weights' :func:`digest` (and the weights with
+    ``keep_state``) and timing.
     """
     step_fn, save_fn, load_fn = functions
     distributed = dist.is_available() and dist.is_initialized()
@@ -278,7 +409,8 @@ def train(spec: RunSpec, device: torch.device, functions: Functions) -> dict:
             position = load_fn(ckpt, model, optimizer, scaler, scheduler)
         start = position // spec.accum
         record: dict[str, list] = {k: [] for k in ("losses", "stepped", "lrs", "scales")}
-        record["allreduces"] = []
+        record["allreduces"], record["grad_norms"] = [], []
+        norms = record_unscaled_norms(scaler, model)
         begin = time.perf_counter()
         for step in range(start, spec.steps):
             micro = [
@@ -288,10 +420,13 @@ def train(spec: RunSpec, device: torch.device, functions: Functions) -> dict:
             record["lrs"].append(optimizer.param_groups[0]["lr"])
             record["scales"].append(scaler.get_scale() if scaler.is_enabled() else 1.0)
             calls = count.calls if count is not None else 0
+            unscaled = len(norms)
             loss, stepped = step_fn(
                 net, optimizer, scaler, scheduler, micro, amp_dtype, spec.max_grad_norm
             )
             record["allreduces"].append((count.calls if count is not None else 0) - calls)
+            # the gradient's norm when the step unscaled it (before clipping); nan if it did not
+            record["grad_norms"].append(norms[unscaled] if len(norms) > unscaled else math.nan)
             record["losses"].append(float(loss))
             record["stepped"].append(bool(stepped))
             position += spec.accum

@@ -11,7 +11,10 @@
    as nbgrader scores a solution;
 3. confirms lesson 03's CUDA float16 autocast lists (read from torch's header) against what CUDA
    autocast really does, op by op and layer by layer;
-4. runs lesson 09's benchmark on its GPT (fp32, TF32, fp16-AMP with GradScaler, bf16-AMP, eager,
+4. runs lesson 09's solution of ``distributed_step`` on the GPU: 2 ranks sharing it through gloo
+   with NCCL's device map (``"cuda:gloo"``), 1 rank under NCCL, and a control (its token count
+   on the CPU) that must fail there;
+5. runs lesson 09's benchmark on its GPT (fp32, TF32, fp16-AMP with GradScaler, bf16-AMP, eager,
    and bf16-AMP under ``torch.compile``) and prints its table with the lesson's targets beside it.
    Lessons 07 and 08 run their own GPU paths (nccl where there are 2+ GPUs; float8 matmuls on
    compute capability 8.9+) inside step 2.
@@ -199,6 +202,7 @@ def run_notebook(source: Path, dest: Path, hide: bool = False) -> dict[str, list
     namespace: dict = {"__name__": "__main__", "__builtins__": __builtins__}
     scores: dict[str, list[float]] = {}
     os.chdir(dest.parent)
+    Path(f"{dest}.started").touch()  # the parent's time limit counts from here
     for count, cell in enumerate((c for c in nb["cells"] if c["cell_type"] == "code"), 1):
         code = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
         out, err = io.StringIO(), io.StringIO()
@@ -263,12 +267,30 @@ def grade_in_process(
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
     }
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{lesson} was stopped after {timeout:.0f} s (--deadline)") from None
-    if done.returncode != 0 or not scores_file.exists():
-        raise RuntimeError(f"{lesson} did not run: {done.stderr[-2000:]}")
+    started = folder / f"{lesson}.ipynb.started"
+    started.unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    # ``timeout`` counts from the first cell: importing torch may take a minute on a busy machine,
+    # and a lesson given its last seconds before the deadline still runs what fits.
+    launched, begun = time.monotonic(), None
+    while True:
+        try:
+            _, stderr = proc.communicate(timeout=0.25)
+            break
+        except subprocess.TimeoutExpired:
+            now = time.monotonic()
+            if begun is None and started.exists():
+                begun = now
+            if (begun is not None and now - begun > timeout) or now - launched > timeout + 600:
+                proc.kill()
+                proc.communicate()
+                raise RuntimeError(
+                    f"{lesson} was stopped after {timeout:.0f} s (--deadline)"
+                ) from None
+    if proc.returncode != 0 or not scores_file.exists():
+        raise RuntimeError(f"{lesson} did not run: {stderr[-2000:]}")
     return json.loads(scores_file.read_text())
 
 
@@ -565,6 +587,161 @@ def check_resume(
             report.line("PASS" if ok else "FAIL", f"lesson 09 resume on {device} ({dtype})", detail)
 
 
+#: Lesson 09's ``distributed_step`` on the GPU, as (backend, ranks): NCCL refuses two ranks on
+#: one GPU, so two ranks share it through gloo given NCCL's device map (``"cuda:gloo"``: only
+#: CUDA tensors have a backend, so a collective on a CPU tensor raises as it does under NCCL),
+#: and one rank runs under NCCL itself, joined as ``course.launch.init_torchrun`` joins it.
+STEP_RUNS: tuple[tuple[str, int], ...] = (("cuda:gloo", 2), ("nccl", 1))
+#: What a collective on a tensor of a device type without a backend raises (torch 2.13's
+#: ``ProcessGroup::getBackend``).
+NO_BACKEND = "No backend type associated with device type"
+
+
+def cpu_count_control(functions: Path, folder: Path) -> Path | None:
+    """The solution's step file with its token count made on the CPU (the all-reduce of a CPU
+    tensor), a control the GPU runs must refuse; None if the line is not found."""
+    source = functions.read_text()
+    line = "dtype=torch.float64, device=device)"
+    if source.count(line) < 1:
+        return None
+    path = folder / "control_cpu_count.py"
+    path.write_text(source.replace(line, "dtype=torch.float64)", 1))
+    return path
+
+
+def step_rank(rank: int, world: int, backend: str, device_type: str, functions: Path,
+              folder: Path) -> int:  # fmt: skip
+    """One rank of :func:`run_step_ranks`: join ``backend``'s group, train lesson 09's graded run
+    (seed 0) on ``device_type`` with the step in ``functions``, write ``rank<r>.json``."""
+    import torch.distributed as dist
+
+    from course import gpt_train as T
+
+    device = torch.device(device_type, 0) if device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    extra = {"device_id": device} if backend == "nccl" else {}
+    out: dict = {"ok": False}
+    try:
+        dist.init_process_group(
+            backend,
+            init_method=(folder / "store").as_uri(),
+            rank=rank,
+            world_size=world,
+            **extra,
+        )
+        spec = T.graded_spec(0, str(folder / "run.pt"))
+        got = T.train(spec, device, T.load_functions(functions))
+        out = {"ok": True, **{k: got[k] for k in ("losses", "stepped", "allreduces", "digest")}}
+    except Exception as exc:  # noqa: BLE001 - reported by the parent
+        out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:1500]}
+    finally:
+        (folder / f"rank{rank}.json").write_text(json.dumps(out))
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+    return 0
+
+
+def run_step_ranks(backend: str, world: int, device_type: str, functions: Path, folder: Path,
+                   timeout: float = 300) -> list[dict]:  # fmt: skip
+    """Lesson 09's graded run on ``world`` processes (each a :func:`step_rank`) in a process
+    group of ``backend``; each rank's result, or ``{"ok": False, "error": ...}``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--step-rank",
+                str(rank),
+                "--step-world",
+                str(world),
+                "--step-backend",
+                backend,
+                "--step-device",
+                device_type,
+                "--step-functions",
+                str(functions),
+                "--step-folder",
+                str(folder),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=folder,
+        )  # fmt: skip
+        for rank in range(world)
+    ]
+    logs = []
+    for proc in procs:
+        try:
+            logs.append(proc.communicate(timeout=timeout)[0])
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            logs.append(proc.communicate()[0] + f"\n(killed after {timeout:g} s)")
+    results = []
+    for rank, log in enumerate(logs):
+        path = folder / f"rank{rank}.json"
+        results.append(
+            json.loads(path.read_text()) if path.exists() else {"ok": False, "error": log[-1500:]}
+        )
+    return results
+
+
+def check_step_on_device(
+    report: Report,
+    device_type: str,
+    work: Path,
+    runs: tuple[tuple[str, int], ...] = STEP_RUNS,
+    functions: Path | None = None,
+    control: bool = True,
+) -> None:
+    """Lesson 09's solution of ``distributed_step`` on ``device_type`` in each of ``runs``: it
+    must train on every rank, with the same losses on all. With ``control``, the first
+    multi-rank run also gets the step with its token count on the CPU, which must fail with
+    :data:`NO_BACKEND` (else this check could not see that mistake)."""
+    folder = work / "step"
+    folder.mkdir(parents=True, exist_ok=True)
+    functions = functions or solution_functions(folder)
+    for i, (backend, world) in enumerate(runs):
+        what = f"lesson 09 distributed_step on {device_type}, {world} rank(s), {backend}"
+        ranks = run_step_ranks(backend, world, device_type, functions, folder / f"run{i}")
+        errors = [f"rank {r}: {got['error']}" for r, got in enumerate(ranks) if not got["ok"]]
+        if errors:
+            report.line("FAIL", what, "; ".join(errors))
+            continue
+        same = all(got["losses"] == ranks[0]["losses"] for got in ranks)
+        report.line(
+            "PASS" if same else "FAIL",
+            what,
+            f"losses {[round(v, 4) for v in ranks[0]['losses']]}, stepped "
+            f"{ranks[0]['stepped']}" + ("" if same else "; the ranks' losses differ"),
+        )
+    multi = next(((b, w) for b, w in runs if w > 1), None)
+    if not control or multi is None:
+        return
+    backend, world = multi
+    what = f"lesson 09 control: a token count on the CPU fails under {backend}"
+    wrong = cpu_count_control(functions, folder)
+    if wrong is None:
+        report.line("FAIL", what, "the solution's count line was not found")
+        return
+    ranks = run_step_ranks(backend, world, device_type, wrong, folder / "control")
+    errors = [got.get("error", "") for got in ranks if not got["ok"]]
+    refused = any(NO_BACKEND in e for e in errors)
+    report.line(
+        "PASS" if refused else "FAIL",
+        what,
+        errors[0][:300] if refused else f"it did not ({errors or 'every rank trained'})",
+    )
+
+
 class Tee(io.TextIOBase):
     """A stream that writes to several streams (the terminal and the log)."""
 
@@ -770,11 +947,31 @@ def main(argv: list[str] | None = None) -> int:
         help="stop lessons still running after S seconds, and skip the "
         "benchmark when less than 90 s are left (a time-limited machine)",
     )
+    parser.add_argument(
+        "--skip-step",
+        action="store_true",
+        help="do not run lesson 09's distributed_step on the GPU",
+    )
     parser.add_argument("--run-notebook", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--step-rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--step-world", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--step-backend", help=argparse.SUPPRESS)
+    parser.add_argument("--step-device", help=argparse.SUPPRESS)
+    parser.add_argument("--step-functions", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--step-folder", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--scores", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
+    if args.step_rank is not None:  # one rank of run_step_ranks
+        return step_rank(
+            args.step_rank,
+            args.step_world,
+            args.step_backend,
+            args.step_device,
+            args.step_functions,
+            args.step_folder,
+        )
     if args.run_notebook is not None:  # one lesson, in this (fresh) process
         scores = run_notebook(args.run_notebook, args.out.resolve(), args.hide_newer_apis)
         args.scores.write_text(json.dumps(scores))
@@ -871,6 +1068,10 @@ def _check(args: argparse.Namespace, work: Path) -> int:
     check_autocast_lists(report, "cpu", torch.bfloat16)
     if not args.skip_resume:
         check_resume(report, device.type, work)
+    if cuda and not args.skip_step:
+        check_step_on_device(report, "cuda", work)
+    elif not args.skip_step:
+        report.line("SKIP", "lesson 09 distributed_step on a GPU", "needs a CUDA GPU")
     if deadline is not None and deadline - time.monotonic() < 90 and not args.skip_benchmark:
         report.line("SKIP", "lesson 09 benchmark", "less than 90 s left before --deadline")
     elif not args.skip_benchmark:

@@ -261,3 +261,59 @@ def test_resume_into_a_model_off_the_cpu(tmp_path, functions_file, monkeypatch):
     assert loads["cpu"]["error"] is None
     assert "ByteTensor" in loads["meta"]["error"], loads["meta"]["error"]
     assert not torch.equal(loads["meta"]["rng"], cpu["rng"])
+
+
+def test_graded_run_grows_the_scale_in_every_draw():
+    """Every hidden draw of distributed_step's run takes a step within its steps, and the scaler
+    (growth_interval 1) doubles the scale after it: a step counted as taken only when the scale
+    is unchanged is then wrong in every draw. The judge's own builder and replay, 200 seeds (each
+    replay stops at the first step taken)."""
+    from grader.judges.l09_capstone import one_thread, reference_run
+
+    with one_thread():
+        for seed in range(200):
+            spec = T.graded_spec(seed)
+            assert spec.growth_interval == 1
+            run = reference_run(spec, until_stepped=True)
+            assert run["stepped"][-1] and len(run["stepped"]) <= spec.steps, (seed, run)
+
+
+def test_cuda_generators_stand_in_finds_a_checkpoint_without_them(tmp_path, functions_file):
+    """cuda_generators_round_trip, as lesson 09's tests run it: the solution saves and restores
+    the (stood-in) CUDA generators; a checkpoint with the CPU generator only does not; outside
+    the block torch.cuda is itself again."""
+    from tests.variants.l09_capstone import VARIANTS
+
+    available, get_all = torch.cuda.is_available, torch.cuda.get_rng_state_all
+    spec = T.graded_spec(4)
+    trip = T.cuda_generators_round_trip(spec, T.load_functions(functions_file), str(tmp_path / "a"))
+    assert trip["error"] is None and len(trip["saved"]) == 1
+    assert torch.equal(trip["saved"][0], trip["restored"][0])
+    cpu_only = tmp_path / "cpu_only.py"
+    cpu_only.write_text(T.FUNCTIONS_HEADER + VARIANTS["step_checkpoint_cpu_generator_only"][1])
+    trip = T.cuda_generators_round_trip(spec, T.load_functions(cpu_only), str(tmp_path / "b"))
+    assert trip["error"] is None and not torch.equal(trip["saved"][0], trip["restored"][0])
+    assert torch.cuda.is_available is available and torch.cuda.get_rng_state_all is get_all
+
+
+def test_unscaled_gradient_norm_is_recorded_before_clipping(functions_file):
+    """train records, per step, the gradient's norm when the scaler unscales it, before the
+    step clips it to max_grad_norm: a gradient too small by a constant factor shows there."""
+    spec = replace(T.graded_spec(2), steps=3, max_grad_norm=1e-6, init_scale=1.0)
+    got = T.train(spec, torch.device("cpu"), T.load_functions(functions_file))
+    assert len(got["grad_norms"]) == 3 and all(n > 1e-3 for n in got["grad_norms"])
+
+
+def test_multi_node_commands_take_no_node_rank():
+    """torchrun's c10d rendezvous numbers the machines itself and ignores --node-rank (with a
+    warning): lesson 09 and course.gpt_train show the multi-node command without it."""
+    import nbformat
+
+    nb = nbformat.read(REPO_ROOT / "solutions/09-capstone/09-capstone.ipynb", as_version=4)
+    texts = [c.source for c in nb.cells] + [T.__doc__]
+    commands = [
+        t[t.index("torchrun --nnodes") : t.index("--rdzv-backend c10d")]
+        for t in texts
+        if "--rdzv-backend c10d" in t
+    ]
+    assert len(commands) == 2 and not any("--node-rank" in c for c in commands), commands

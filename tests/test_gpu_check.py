@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import nbformat
+import pytest
 import torch
 
 from grader import REPO_ROOT
@@ -210,3 +211,47 @@ def test_the_resume_check_fails_a_checkpoint_without_the_generators(tmp_path):
         check.check_resume(report, "cpu", tmp_path / functions.stem, ("bf16",), True, functions)
         assert (not report.failed) == passed, "\n".join(report.lines)
         assert len(report.lines) == 1 and "resumed at step 3" in report.lines[0], report.lines
+
+
+def test_a_collective_on_a_cpu_tensor_is_refused_under_nccls_device_map(tmp_path):
+    """What lesson 09 says of NCCL, shown with gloo given NCCL's device map ("cuda:gloo"): only
+    CUDA tensors have a backend, so an all-reduce of a CPU tensor raises; "cpu:gloo" takes it."""
+    import torch.distributed as dist
+
+    gpu_check = load_script()
+    for backend, refused in (("cuda:gloo", True), ("cpu:gloo", False)):
+        store = tmp_path / f"store-{backend.replace(':', '-')}"
+        dist.init_process_group(backend, init_method=store.as_uri(), rank=0, world_size=1)
+        try:
+            if refused:
+                with pytest.raises(RuntimeError, match=gpu_check.NO_BACKEND):
+                    dist.all_reduce(torch.ones(3))
+            else:
+                dist.all_reduce(torch.ones(3))
+        finally:
+            dist.destroy_process_group()
+
+
+def test_step_check_runs_the_solution_on_ranks_and_fails_a_refused_collective(tmp_path):
+    """The GPU check's run of lesson 09's distributed_step, on the CPU: the solution trains on
+    2 ranks and on 1 under a group whose device map has the CPU; under one without it
+    ("cuda:gloo", NCCL's, as on a GPU the CPU tensors of a wrong step are) the check fails and
+    says why. Its control, the solution with its token count made on the CPU, is built from
+    the solution: the solution makes that count on the model's device."""
+    gpu_check = load_script()
+    report = gpu_check.Report()
+    runs = (("cpu:gloo", 2), ("cpu:gloo", 1))
+    gpu_check.check_step_on_device(report, "cpu", tmp_path / "ok", runs=runs, control=False)
+    assert not report.failed, report.lines
+    assert sum(line.startswith("[PASS] lesson 09 distributed_step") for line in report.lines) == 2
+    report = gpu_check.Report()
+    runs = (("cuda:gloo", 2),)
+    gpu_check.check_step_on_device(report, "cpu", tmp_path / "no", runs=runs, control=False)
+    assert report.failed and gpu_check.NO_BACKEND in report.lines[-1], report.lines
+    functions = gpu_check.solution_functions(tmp_path)
+    control = gpu_check.cpu_count_control(functions, tmp_path)
+    assert control is not None, "the solution makes its token count without device=device"
+    assert (
+        control.read_text().count("device=device")
+        == functions.read_text().count("device=device") - 1
+    )

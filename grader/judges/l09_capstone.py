@@ -16,7 +16,7 @@ import torch
 from course import gpt_train as T
 from course.checks import check, check_close, check_equal
 from course.gpt import GPT, IGNORE, GPTConfig, lm_loss, random_batches, val_batch
-from grader.observe import Observations
+from grader.observe import Observations, Raised
 
 
 @contextlib.contextmanager
@@ -158,7 +158,8 @@ def train_compare(obs: Observations) -> None:
     its batches and evaluation windows, where autocast was on and in which dtype, backward
     outside autocast, a scaled float16 gradient; then the losses against the reference, the
     fp32 run's at a tolerance a reordered sum passes, the AMP run's at one its chaotic 16-bit
-    steps pass."""
+    steps pass. Last, a run on data on the meta device (a GPU's stand-in) must put its first
+    batch and its model there."""
     for cfg, data, args in compare_inputs(obs.seed):
         steps, dtype = args[0], args[2]
         where = (
@@ -237,6 +238,42 @@ def train_compare(obs: Observations) -> None:
             rtol=0,
             atol=1e-6,
         )
+    _check_placement(obs.next("off_cpu"), obs.next("placement"), f"(hidden test seed {obs.seed})")
+
+
+def _check_placement(outcome: object, placement: object, where: str) -> None:
+    """The run on data on the meta device (a GPU's stand-in; it stops at the first ``.item()``,
+    as meta tensors hold no values): its first forward pass must get a batch on that device,
+    and the model must be there too. ``model_fn`` builds the model on the CPU, as a model is
+    built before it is moved to a GPU."""
+    check(
+        type(placement) is list
+        and len(placement) >= 1
+        and all(type(p) is dict and set(p) == {"inputs", "weights"} for p in placement),
+        f"model_fn should be called for the fp32 run on data on the meta device (a GPU's "
+        f"stand-in): it was not ({outcome!r:.300}) {where}",
+    )
+    first = placement[0]
+    error = getattr(outcome, "message", "")
+    check(
+        len(first["inputs"]) >= 1,
+        f"on data on the meta device (a GPU's stand-in: train_tokens.device is meta) the fp32 "
+        f"run made no forward pass ({error!s:.200}): make the batches on the data's device, "
+        f"random_batches(..., device=train_tokens.device), not on the CPU (random_batches' "
+        f"default; on a GPU the model would get CPU batches) {where}",
+    )
+    check(
+        first["inputs"][0] == "meta",
+        f"on data on the meta device (a GPU's stand-in) the fp32 run's first batch was on "
+        f"{first['inputs'][0]}: make the batches on train_tokens.device {where}",
+    )
+    check(
+        first["weights"][0] == "meta",
+        f"on data on the meta device (a GPU's stand-in) the fp32 run's model was on "
+        f"{first['weights'][0]} at its first forward pass: move the model to the data's "
+        f"device, model_fn().to(train_tokens.device) (model_fn builds it on the CPU; a "
+        f"device type such as 'cuda' names no particular device) {where}",
+    )
 
 
 def _check_probe(probe: dict, name: str, amp: bool, steps: int, dtype, want: dict, where: str):
@@ -296,12 +333,14 @@ def _check_probe(probe: dict, name: str, amp: bool, steps: int, dtype, want: dic
 WORLD = 2
 
 
-def reference_run(spec: T.RunSpec, world: int = WORLD) -> dict:
+def reference_run(spec: T.RunSpec, world: int = WORLD, until_stepped: bool = False) -> dict:
     """The ranks' arithmetic in one process: each rank's micro-batches from the same RNG state
     (every rank draws the same dropout masks), its loss summed and divided by the token count
     of all ranks times the world size, the gradients accumulated per rank and averaged as DDP
-    does (each divided by the world size, then summed), ``unscale_``, clipping, the scaler's
-    step, the schedule stepped only when the optimizer stepped."""
+    does (each divided by the world size, then summed), ``unscale_`` (the gradient's norm noted
+    there), clipping, the scaler's step, the schedule stepped only when the optimizer stepped.
+    ``world`` 1 is a run without a process group (the bare model). ``until_stepped`` ends the
+    run after the first step the optimizer takes (for tests of the inputs)."""
     train_tokens, _ = T.corpus(spec)
     amp_dtype = T.DTYPES[spec.dtype]
     torch.manual_seed(spec.seed)
@@ -309,10 +348,13 @@ def reference_run(spec: T.RunSpec, world: int = WORLD) -> dict:
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=spec.lr)
     scaler = torch.amp.GradScaler(
-        "cpu", init_scale=spec.init_scale, enabled=amp_dtype == torch.float16
+        "cpu",
+        init_scale=spec.init_scale,
+        growth_interval=spec.growth_interval,
+        enabled=amp_dtype == torch.float16,
     )
     sched = T.lr_schedule(opt, spec.warmup, spec.steps)
-    out: dict[str, list] = {k: [] for k in ("losses", "stepped", "lrs", "scales")}
+    out: dict[str, list] = {k: [] for k in ("losses", "stepped", "lrs", "scales", "grad_norms")}
     for step in range(spec.steps):
         micro = [
             [
@@ -344,6 +386,7 @@ def reference_run(spec: T.RunSpec, world: int = WORLD) -> dict:
                 acc = acc + g[i] / world
             q.grad = acc
         scaler.unscale_(opt)
+        out["grad_norms"].append(T.gradient_norm(model))
         torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm)
         before = scaler.get_scale()
         scaler.step(opt)
@@ -354,6 +397,8 @@ def reference_run(spec: T.RunSpec, world: int = WORLD) -> dict:
         opt.zero_grad(set_to_none=True)
         out["losses"].append((sum(totals) / n).item())
         out["stepped"].append(stepped)
+        if until_stepped and stepped:
+            break
     out["state"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return out
 
@@ -376,14 +421,82 @@ def _rank_checks(got: object, world: int, what: str) -> list[dict]:
     return got  # type: ignore[return-value]
 
 
+#: The norm of the gradient each step unscaled, against the reference's (relative). A correct
+#: step computes the same gradient up to the order of its sums; a loss divided by the token
+#: count of all ranks but not multiplied by the world size makes it half as large (2 ranks),
+#: which clipping (to max_grad_norm) and AdamW (blind to a constant factor) would hide.
+GRAD_NORM_RTOL = 1e-2
+
+
+def _check_run(got: dict, want: dict, who: str, where: str) -> None:
+    """One run's steps against the reference: the gradient's norm at each unscale, stepped,
+    learning rates, losses, the final weights."""
+    norms = got["grad_norms"]
+    check(
+        type(norms) is list and len(norms) == len(want["grad_norms"]),
+        f"{who}: the record of the gradient norms is malformed {where}",
+    )
+    for step, (g, w) in enumerate(zip(norms, want["grad_norms"], strict=True)):
+        if not math.isfinite(w):
+            check(
+                not math.isfinite(g),
+                f"{who}: at step {step} the scaled gradient should overflow float16 (the "
+                f"reference's norm: {w}), got a finite one, {g:.6g}: where it overflows depends "
+                f"on the loss's scaling (times the world size, over all ranks' counted "
+                f"targets) {where}",
+            )
+            continue
+        check(
+            math.isfinite(g) and abs(g - w) <= GRAD_NORM_RTOL * w,
+            f"{who}: at step {step} the unscaled gradient (at scaler.unscale_, before clipping) "
+            f"had norm {g:.6g}, the reference {w:.6g} ({g / w:.3g}x; nan: the step never called "
+            f"scaler.unscale_). DDP averages the ranks' gradients, dividing by the world size, "
+            f"so multiply each rank's loss sum by the world size over all ranks' counted "
+            f"targets; unscale before clipping {where}",
+        )
+    check(
+        got["stepped"] == want["stepped"],
+        f"{who}: whether each step's optimizer stepped should be {want['stepped']} (the first "
+        f"scale overflows float16; after every step taken the scaler doubles the scale, so "
+        f"compare the scale after scaler.update() with the one before using >=, not ==), got "
+        f"{got['stepped']} {where}",
+    )
+    check(
+        got["lrs"] == want["lrs"],
+        f"{who}: the learning rate at each step should be {want['lrs']} (the schedule "
+        f"steps only when the optimizer did), got {got['lrs']} {where}",
+    )
+    check_close(
+        torch.tensor(got["losses"], dtype=torch.float64),
+        torch.tensor(want["losses"], dtype=torch.float64),
+        f"{who}: the returned losses (the mean over every rank's counted tokens) {where}",
+        rtol=STEP_LOSS_RTOL,
+        atol=0,
+    )
+    for name, value in want["state"].items():
+        check_close(
+            got["state"][name],
+            value,
+            f"{who}: {name} after {len(want['losses'])} steps, against the single-process "
+            f"reference {where}",
+            rtol=0,
+            atol=WEIGHT_ATOL,
+        )
+
+
 def distributed_step(obs: Observations) -> None:
     """An unbroken run with a checkpoint at step 3 and a run resumed from it, on 2 gloo ranks,
-    against the single-process reference and against each other."""
+    against the single-process reference and against each other; then rank 0's checkpoint
+    loaded into a run on the meta device, a run in one process without a process group (the
+    bare model) against the reference for a world of 1, and a save and load with a GPU's
+    generators stood in for."""
     spec = T.graded_spec(obs.seed)
     where = f"(hidden test seed {obs.seed}; {spec.config}, accum {spec.accum}, float16)"
     unbroken = _rank_checks(obs.next("unbroken"), WORLD, "the unbroken run")
     resumed = _rank_checks(obs.next("resumed"), WORLD, "the resumed run")
     off_cpu = obs.next("off_cpu")
+    alone = obs.next("alone")
+    generators = obs.next("cuda_generators")
     with one_thread():
         want = reference_run(spec)
     k = spec.save_at[0]
@@ -395,32 +508,7 @@ def distributed_step(obs: Observations) -> None:
             f"after the last micro-batch's backward; no_sync() on the others); per step it "
             f"made {calls} {where}",
         )
-        check(
-            got["stepped"] == want["stepped"],
-            f"rank {r}: whether each step's optimizer stepped should be {want['stepped']} "
-            f"(the first scale overflows float16), got {got['stepped']} {where}",
-        )
-        check(
-            got["lrs"] == want["lrs"],
-            f"rank {r}: the learning rate at each step should be {want['lrs']} (the schedule "
-            f"steps only when the optimizer did), got {got['lrs']} {where}",
-        )
-        check_close(
-            torch.tensor(got["losses"], dtype=torch.float64),
-            torch.tensor(want["losses"], dtype=torch.float64),
-            f"rank {r}: the returned losses (the mean over every rank's counted tokens) {where}",
-            rtol=STEP_LOSS_RTOL,
-            atol=0,
-        )
-        for name, value in want["state"].items():
-            check_close(
-                got["state"][name],
-                value,
-                f"rank {r}: {name} after {spec.steps} steps, against the single-process "
-                f"reference {where}",
-                rtol=0,
-                atol=WEIGHT_ATOL,
-            )
+        _check_run(got, want, f"rank {r}", where)
     for r, (a, b) in enumerate(zip(unbroken, resumed, strict=True)):
         check(
             b["start_step"] == k,
@@ -443,6 +531,44 @@ def distributed_step(obs: Observations) -> None:
             )
 
     _check_off_cpu(off_cpu, where)
+    check(
+        not isinstance(alone, Raised),
+        f"in one process without a process group (a world of 1: the model is the bare GPT, "
+        f"not DDP), distributed_step raised {getattr(alone, 'type', '')}: "
+        f"{getattr(alone, 'message', '')!s:.300}; call model.no_sync() and dist.all_reduce "
+        f"only when dist.is_initialized() {where}",
+    )
+    check(type(alone) is dict, f"the run in one process returned no result {where}")
+    with one_thread():
+        want_alone = reference_run(spec, world=1)
+    _check_run(alone, want_alone, "in one process (a world of 1)", where)
+    _check_cuda_generators(generators, where)
+
+
+def _check_cuda_generators(trip: dict, where: str) -> None:
+    """``course.gpt_train.cuda_generators_round_trip``: a save and a load as on a machine with a
+    GPU (its generators stood in for) must put back the CUDA generators' state."""
+    check(
+        type(trip) is dict and set(trip) == {"error", "saved", "restored"},
+        f"the record of the save and load with a GPU's generators is malformed {where}",
+    )
+    check(
+        trip["error"] is None,
+        f"save_checkpoint and load_checkpoint failed as on a machine with a GPU (the test "
+        f"stands in for its generators: torch.cuda.is_available() is True, and "
+        f"torch.cuda.get_rng_state_all() gives one CPU ByteTensor per GPU): {trip['error']} "
+        f"{where}",
+    )
+    saved, restored = trip["saved"], trip["restored"]
+    check(
+        len(saved) == len(restored) and all(map(torch.equal, saved, restored)),
+        f"on a machine with a GPU, load_checkpoint should put back the CUDA generators' state "
+        f"that save_checkpoint saved (torch.cuda.get_rng_state_all(), restored with "
+        f"torch.cuda.set_rng_state_all()): there dropout draws its masks from them, so a run "
+        f"resumed without them draws other masks. The test pretends the machine has one GPU; "
+        f"after the load its generator held {restored[0].tolist() if restored else None}, at "
+        f"the save {saved[0].tolist() if saved else None} {where}",
+    )
 
 
 def _check_off_cpu(loads: dict, where: str) -> None:

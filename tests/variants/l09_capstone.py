@@ -65,11 +65,12 @@ def _compare(seed_once: bool = False, **changes: str) -> str:
 STEP_SOLUTION = """
 def distributed_step(model, optimizer, scaler, scheduler, micro_batches, amp_dtype,
                      max_grad_norm):
-    device = micro_batches[0][0].device
+    device = next(model.parameters()).device
     world = dist.get_world_size() if dist.is_initialized() else 1
+    # on the model's device: nccl (GPUs) all-reduces CUDA tensors only
     counts = torch.tensor(sum(int((y != IGNORE).sum()) for _, y in micro_batches),
-                          dtype=torch.float64)
-    total = torch.zeros((), dtype=torch.float64)
+                          dtype=torch.float64, device=device)
+    total = torch.zeros((), dtype=torch.float64, device=device)
     if world > 1:
         dist.all_reduce(counts)
     for i, (x, y) in enumerate(micro_batches):
@@ -80,7 +81,7 @@ def distributed_step(model, optimizer, scaler, scheduler, micro_batches, amp_dty
                 loss_sum = lm_loss(model(x), y, reduction="sum")
             # DDP averages the ranks' gradients: times the world size, over every rank's tokens
             scaler.scale(loss_sum * (world / counts.item())).backward()
-        total += loss_sum.detach().double().cpu()
+        total += loss_sum.detach().double()
     if world > 1:
         dist.all_reduce(total)
     scaler.unscale_(optimizer)
@@ -314,8 +315,67 @@ def transformer_flops(config, tokens):
     "step_checkpoint_without_scheduler": (
         "distributed_step",
         _step('    scheduler.load_state_dict(state["scheduler"])\n', ""),
+    ),  # "Stepped" when the scale is unchanged: a step taken that grows the scale counts as
+    # skipped, and the schedule misses it.
+    "step_stepped_when_scale_unchanged": (
+        "distributed_step",
+        _step("scaler.get_scale() >= scale", "scaler.get_scale() == scale"),
+    ),
+    # no_sync() and the all-reduces whatever the world: without a process group (a world of 1,
+    # the bare GPT) there is no no_sync and no default group.
+    "step_collectives_without_a_group": (
+        "distributed_step",
+        _step(_NO_SYNC, "sync = contextlib.nullcontext() if last else model.no_sync()")
+        .replace(
+            "    if world > 1:\n        dist.all_reduce(counts)\n", "    dist.all_reduce(counts)\n"
+        )
+        .replace(
+            "    if world > 1:\n        dist.all_reduce(total)\n", "    dist.all_reduce(total)\n"
+        ),
+    ),
+    # Saves and restores the CPU generator only: on a GPU dropout's masks come from the CUDA
+    # generators, and a resumed run draws other ones.
+    "step_checkpoint_cpu_generator_only": (
+        "distributed_step",
+        _step(
+            '"cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},',
+            '"cuda": []},',
+        ),
+    ),
+    # Divides by all ranks' tokens but does not multiply by the world size: DDP's average then
+    # halves the gradient (2 ranks), which clipping and AdamW hide from the weights.
+    "step_loss_over_all_tokens_not_times_world": (
+        "distributed_step",
+        _step(_SCALED_BACKWARD, "scaler.scale(loss_sum / counts.item()).backward()"),
+    ),
+    # Never moves anything to the device: the model stays where model_fn built it and the
+    # batches are made on random_batches' default device, the CPU (on a GPU the first forward
+    # pass fails; on the CPU the numbers are the same).
+    "train_compare_never_moves_to_the_device": (
+        "train_compare",
+        _compare()
+        .replace("model = model_fn().to(dev)", "model = model_fn()")
+        .replace("seed, device=dev)", "seed)")
+        .replace("max_windows=EVAL_WINDOWS, device=dev)", "max_windows=None)")
+        .replace("max_windows=None, device=dev)", "max_windows=None)"),
+    ),
+    # Makes the batches on the data's device but leaves the model where model_fn built it.
+    "train_compare_model_never_moved": (
+        "train_compare",
+        _compare().replace("model = model_fn().to(dev)", "model = model_fn()"),
+    ),
+    # Moves the model, but makes the batches on random_batches' default device (the CPU).
+    "train_compare_batches_on_the_cpu": (
+        "train_compare",
+        _compare().replace("seed, device=dev)", "seed)"),
+    ),
+    # Moves the model to the device type ("cpu" in the tests), not to the data's device.
+    "train_compare_model_to_device_type": (
+        "train_compare",
+        _compare().replace("model = model_fn().to(dev)", "model = model_fn().to(device_type)"),
     ),
 }
+
 
 VALID = {
     # The loss as the micro-batch's mean, weighted by its share of all the ranks' tokens; the
