@@ -242,11 +242,19 @@ def run_notebook(source: Path, dest: Path, hide: bool = False) -> dict[str, list
     return scores
 
 
+#: Seconds of cells a lesson gets even when it starts at ``--deadline``, and how long its
+#: process may take to import torch before the first cell.
+FIRST_CELLS_S, IMPORT_GRACE_S = 10.0, 120.0
+
+
 def grade_in_process(
-    lesson: str, work: Path, hide: bool, timeout: float = 3600.0
+    lesson: str, work: Path, hide: bool, timeout: float = 3600.0, deadline: float | None = None
 ) -> dict[str, list[float]]:
     """Run :func:`run_notebook` for ``lesson`` in a fresh Python process (its own GPU context,
-    its own working folder); the executed notebook lands in ``work/lesson/``."""
+    its own working folder); the executed notebook lands in ``work/lesson/``. It is stopped
+    ``timeout`` seconds after its first cell, and at ``deadline`` (a ``time.monotonic()`` value)
+    once it has run :data:`FIRST_CELLS_S` of cells: the time a busy machine spends importing
+    torch (up to :data:`IMPORT_GRACE_S` past the deadline) does not count against its cells."""
     folder = work / lesson
     folder.mkdir(parents=True, exist_ok=True)
     source = ROOT / "solutions" / lesson / f"{lesson}.ipynb"
@@ -272,8 +280,6 @@ def grade_in_process(
     proc = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
-    # ``timeout`` counts from the first cell: importing torch may take a minute on a busy machine,
-    # and a lesson given its last seconds before the deadline still runs what fits.
     launched, begun = time.monotonic(), None
     while True:
         try:
@@ -283,11 +289,20 @@ def grade_in_process(
             now = time.monotonic()
             if begun is None and started.exists():
                 begun = now
-            if (begun is not None and now - begun > timeout) or now - launched > timeout + 600:
+            if begun is None:
+                stop = launched + timeout + IMPORT_GRACE_S
+                if deadline is not None:
+                    stop = min(stop, deadline + IMPORT_GRACE_S)
+            else:
+                stop = begun + timeout
+                if deadline is not None:
+                    stop = min(stop, max(deadline, begun + FIRST_CELLS_S))
+            if now > stop:
                 proc.kill()
                 proc.communicate()
+                ran = 0.0 if begun is None else now - begun
                 raise RuntimeError(
-                    f"{lesson} was stopped after {timeout:.0f} s (--deadline)"
+                    f"{lesson} was stopped after {ran:.0f} s of cells (--deadline)"
                 ) from None
     if proc.returncode != 0 or not scores_file.exists():
         raise RuntimeError(f"{lesson} did not run: {stderr[-2000:]}")
@@ -339,8 +354,7 @@ def check_lessons(
         if executor == "nbgrader":
             scores = grade_with_nbgrader(lesson, work)
         else:
-            left = 3600.0 if deadline is None else max(10.0, deadline - started)
-            scores = grade_in_process(lesson, work, hide, timeout=left)
+            scores = grade_in_process(lesson, work, hide, deadline=deadline)
         return lesson, scores, time.monotonic() - started
 
     kept = []
@@ -701,17 +715,32 @@ def check_step_on_device(
     runs: tuple[tuple[str, int], ...] = STEP_RUNS,
     functions: Path | None = None,
     control: bool = True,
+    deadline: float | None = None,
 ) -> None:
     """Lesson 09's solution of ``distributed_step`` on ``device_type`` in each of ``runs``: it
     must train on every rank, with the same losses on all. With ``control``, the first
     multi-rank run also gets the step with its token count on the CPU, which must fail with
-    :data:`NO_BACKEND` (else this check could not see that mistake)."""
+    :data:`NO_BACKEND` (else this check could not see that mistake). No launch starts with
+    less than a minute left before ``deadline``, and none runs past it."""
+
+    def seconds_left(what: str) -> float | None:
+        left = 300.0 if deadline is None else min(300.0, deadline - time.monotonic())
+        if left < 60:
+            report.line("SKIP", what, "less than 60 s left before --deadline")
+            return None
+        return left
+
     folder = work / "step"
     folder.mkdir(parents=True, exist_ok=True)
     functions = functions or solution_functions(folder)
     for i, (backend, world) in enumerate(runs):
         what = f"lesson 09 distributed_step on {device_type}, {world} rank(s), {backend}"
-        ranks = run_step_ranks(backend, world, device_type, functions, folder / f"run{i}")
+        left = seconds_left(what)
+        if left is None:
+            continue
+        ranks = run_step_ranks(
+            backend, world, device_type, functions, folder / f"run{i}", timeout=left
+        )
         errors = [f"rank {r}: {got['error']}" for r, got in enumerate(ranks) if not got["ok"]]
         if errors:
             report.line("FAIL", what, "; ".join(errors))
@@ -732,7 +761,10 @@ def check_step_on_device(
     if wrong is None:
         report.line("FAIL", what, "the solution's count line was not found")
         return
-    ranks = run_step_ranks(backend, world, device_type, wrong, folder / "control")
+    left = seconds_left(what)
+    if left is None:
+        return
+    ranks = run_step_ranks(backend, world, device_type, wrong, folder / "control", timeout=left)
     errors = [got.get("error", "") for got in ranks if not got["ok"]]
     refused = any(NO_BACKEND in e for e in errors)
     report.line(
@@ -1069,7 +1101,7 @@ def _check(args: argparse.Namespace, work: Path) -> int:
     if not args.skip_resume:
         check_resume(report, device.type, work)
     if cuda and not args.skip_step:
-        check_step_on_device(report, "cuda", work)
+        check_step_on_device(report, "cuda", work, deadline=deadline)
     elif not args.skip_step:
         report.line("SKIP", "lesson 09 distributed_step on a GPU", "needs a CUDA GPU")
     if deadline is not None and deadline - time.monotonic() < 90 and not args.skip_benchmark:
