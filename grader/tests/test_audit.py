@@ -150,7 +150,8 @@ def test_a_wrong_variant_scoring_on_some_seeds_is_reported_with_those_seeds(tmp_
     variant none, and exits 1; the replay of one of them says it is unfair."""
     wrong, valid = wrong_variants("90-fixture", FIXTURES), valid_variants("90-fixture", FIXTURES)
     assert set(wrong) == {"double_right_on_even_seeds", "double_times_three"}
-    assert set(valid) == {"double_by_add"}
+    noisy = {f"{e}__{n}" for e in ("double", "halve", "triple") for n in ("warns", "logs")}
+    assert set(valid) == {"double_by_add", *noisy}  # each solution made to warn and to log
     course = tmp_path / "course"
     shutil.copytree(FIXTURES / "solutions" / "90-fixture", course / "solutions" / "90-fixture")
     shutil.copytree(FIXTURES / "tests" / "variants", course / "tests" / "variants")
@@ -166,7 +167,7 @@ def test_a_wrong_variant_scoring_on_some_seeds_is_reported_with_those_seeds(tmp_
     assert main([*args, "--variants", "--seeds", "6", "--json", str(found)]) == 1
     out = capsys.readouterr().out
     listed = ", ".join(str(seeds[i]) for i in even)
-    assert "seeds 6/6" in out and "solution 0/6 lost" in out and "valid 0/6 lost" in out
+    assert "seeds 6/6" in out and "solution 0/6 lost" in out and "valid 0/18 lost" in out
     assert f"wrong {len(even)}/12 scored (double_right_on_even_seeds on seeds {listed})" in out
     assert "any point (score > 0)" in out and "lost points: none" in out
     for i in even:
@@ -180,6 +181,8 @@ def test_a_wrong_variant_scoring_on_some_seeds_is_reported_with_those_seeds(tmp_
     assert audit["runs"] == {
         "solution": 6,
         "double_by_add": 6,
+        "double__warns": 6,
+        "double__logs": 6,
         "double_right_on_even_seeds": 6,
         "double_times_three": 6,
     }
