@@ -247,93 +247,51 @@ def record_unscaled_norms(scaler: torch.amp.GradScaler, model: torch.nn.Module) 
     return norms
 
 
-class PretendCudaGenerators:
-    """Stand-ins for the CUDA generators of a machine with ``count`` GPUs, for a CPU-only test
-    (lesson 09): inside :meth:`installed`, ``torch.cuda.is_available()`` is True and
-    ``torch.cuda.get_rng_state(_all)`` / ``set_rng_state(_all)`` (also under ``torch.cuda.random``)
-    read and write :attr:`states`, one 16-byte CPU ``ByteTensor`` per GPU, the form a CUDA
-    generator's state takes. Setting anything else raises, as on a GPU machine."""
-
-    NAMES = ("get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state_all")
-
-    def __init__(self, seed: int, count: int = 1) -> None:
-        gen = torch.Generator().manual_seed(seed)
-        self.states = [
-            torch.randint(0, 256, (16,), generator=gen, dtype=torch.uint8) for _ in range(count)
-        ]
-
-    def _index(self, device: object) -> int:
-        index = device if isinstance(device, int) else torch.device(device).index
-        return 0 if index is None else index
-
-    def get_rng_state(self, device: object = "cuda") -> torch.Tensor:
-        return self.states[self._index(device)].clone()
-
-    def get_rng_state_all(self) -> list[torch.Tensor]:
-        return [s.clone() for s in self.states]
-
-    def set_rng_state(self, new_state: torch.Tensor, device: object = "cuda") -> None:
-        if not (
-            isinstance(new_state, torch.Tensor)
-            and new_state.device.type == "cpu"
-            and new_state.dtype == torch.uint8
-            and new_state.shape == (16,)
-        ):
-            raise TypeError(
-                "a CUDA generator's state must be the CPU ByteTensor torch.cuda.get_rng_state "
-                f"gave, got {new_state!r:.80}"
-            )
-        self.states[self._index(device)] = new_state.clone()
-
-    def set_rng_state_all(self, new_states: list[torch.Tensor]) -> None:
-        for i, state in enumerate(new_states):
-            self.set_rng_state(state, i)
-
-    @contextlib.contextmanager
-    def installed(self):
-        """``torch.cuda`` answering from these generators for the block."""
-        fakes = {name: getattr(self, name) for name in self.NAMES}
-        fakes.update(
-            is_available=lambda: True,
-            is_initialized=lambda: True,
-            device_count=lambda: len(self.states),
-            current_device=lambda: 0,
-        )
-        saved = []
-        for module in (torch.cuda, torch.cuda.random):
-            for name, fake in fakes.items():
-                if hasattr(module, name):
-                    saved.append((module, name, getattr(module, name)))
-                    setattr(module, name, fake)
-        try:
-            yield self
-        finally:
-            for module, name, original in reversed(saved):
-                setattr(module, name, original)
+def _cuda_states(seed: int, count: int = 1) -> list[torch.Tensor]:
+    """``count`` made-up CUDA generator states, 16-byte CPU ``ByteTensor`` s as a real one's."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (16,), generator=gen, dtype=torch.uint8) for _ in range(count)]
 
 
 def cuda_generators_round_trip(spec: RunSpec, functions: Functions, path: str) -> dict:
     """The learner's ``save_checkpoint`` then ``load_checkpoint`` (``functions``) on a model of
     ``spec`` on the CPU, as if the machine had a GPU (lesson 09's tests): the CUDA generators are
-    :class:`PretendCudaGenerators`. Between the save and the load they move on (as dropout moves
-    them on a GPU); the load must put back the state they had at the save. Returns ``error``
-    (the exception as text, or None), the generator states at the save (``saved``) and after
-    the load (``restored``); the CPU generator's state is kept for the caller."""
+    lesson 05's :class:`course.accumulation.SimulatedCudaGenerators` (``torch.cuda`` and
+    ``torch.accelerator`` say a GPU is there, however their functions were imported). Between
+    the save and the load they move on (as dropout moves them on a GPU); the load must put back
+    the state they had at the save, a CPU ``ByteTensor``. Returns ``error`` (the exception as
+    text, or None), the generator states at the save (``saved``) and after the load
+    (``restored``); the CPU generator's state is kept for the caller."""
+    from course.accumulation import SimulatedCudaGenerators  # not needed by the ranks
+
     _, save_fn, load_fn = functions
-    cuda = PretendCudaGenerators(spec.seed)
-    error, saved, restored = None, cuda.get_rng_state_all(), []
+    saved = _cuda_states(spec.seed)
+    cuda = SimulatedCudaGenerators(saved)
+    error, restored = None, []
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         model = GPT(spec.config)
         optimizer, scaler, scheduler = training_state(spec, model, torch.device("cpu"))
         try:
-            with cuda.installed():
+            with cuda:
                 save_fn(path, model, optimizer, scaler, scheduler, spec.accum)
-                cuda.states = PretendCudaGenerators(spec.seed + 1).states  # moved on
+                cuda.states = list(_cuda_states(spec.seed + 1))  # moved on
                 load_fn(path, model, optimizer, scaler, scheduler)
         except Exception as exc:  # noqa: BLE001 - reported to the learner
             error = f"{type(exc).__name__}: {exc}"
-        restored = cuda.get_rng_state_all()
+    for state in cuda.states:
+        if not (
+            isinstance(state, torch.Tensor)
+            and state.device.type == "cpu"
+            and state.dtype == torch.uint8
+            and state.shape == (16,)
+        ):
+            error = error or (
+                "a CUDA generator's state must be the CPU ByteTensor torch.cuda.get_rng_state "
+                f"gave, got {state!r:.80}"
+            )
+            state = torch.zeros(16, dtype=torch.uint8)
+        restored.append(state.clone())
     return {"error": error, "saved": saved, "restored": restored}
 
 

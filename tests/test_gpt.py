@@ -317,3 +317,33 @@ def test_multi_node_commands_take_no_node_rank():
         if "--rdzv-backend c10d" in t
     ]
     assert len(commands) == 2 and not any("--node-rank" in c for c in commands), commands
+
+
+def test_meta_stand_in_runs_a_whole_training_loop_on_meta():
+    """Lesson 09's run on data on the meta device: inside meta_stand_in, autocast on "meta" (a
+    device type read from the data) runs as the CPU's and .item() reads 0.0, so every forward
+    pass is made and noted, the held-out one included; outside it, both raise again."""
+    from course.capstone import meta_stand_in, probed_gpt
+
+    cfg = G.GPTConfig(vocab_size=256, block_size=8, n_layer=1, n_head=1, d_model=8, d_ff=16)
+    tokens = torch.randint(0, 256, (2_000,), dtype=torch.uint8).to("meta")
+    built: list = []
+    with meta_stand_in("cpu"):
+        model = probed_gpt(cfg, built).to(tokens.device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        batches = G.random_batches(tokens, 2, 8, 0, device=tokens.device)
+        for x, y in (next(batches), next(batches)):
+            with torch.autocast(x.device.type, dtype=torch.bfloat16):
+                loss = G.lm_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            assert loss.item() == 0.0 and float(loss) == 0.0
+        xv, yv = G.val_batch(tokens, 8, max_windows=None, device=tokens.device)
+        with torch.no_grad(), torch.autocast(tokens.device.type, dtype=torch.bfloat16):
+            G.lm_loss(model(xv), yv).item()
+    assert built[0].placement() == {"inputs": ["meta"] * 3, "weights": ["meta"] * 3}
+    assert [on for _, on, _ in built[0].calls] == [True] * 3
+    with pytest.raises(RuntimeError):
+        torch.autocast("meta")
+    with pytest.raises(RuntimeError):
+        loss.item()

@@ -242,10 +242,12 @@ def train_compare(obs: Observations) -> None:
 
 
 def _check_placement(outcome: object, placement: object, where: str) -> None:
-    """The run on data on the meta device (a GPU's stand-in; it stops at the first ``.item()``,
-    as meta tensors hold no values): its first forward pass must get a batch on that device,
-    and the model must be there too. ``model_fn`` builds the model on the CPU, as a model is
-    built before it is moved to a GPU."""
+    """The run on data on the meta device (a GPU's stand-in, whose values read as zeros there, and
+    where autocast on "meta" runs as on the CPU): every forward pass of both runs, training and
+    evaluation, must get its batch on that device, and the model must be there too.
+    ``model_fn`` builds the model on the CPU, as a model is built before it is moved to a GPU.
+    The run need not finish (a step no meta tensor can take ends it); the forward passes made
+    before that are checked, and the fp32 run must make at least one."""
     check(
         type(placement) is list
         and len(placement) >= 1
@@ -253,27 +255,29 @@ def _check_placement(outcome: object, placement: object, where: str) -> None:
         f"model_fn should be called for the fp32 run on data on the meta device (a GPU's "
         f"stand-in): it was not ({outcome!r:.300}) {where}",
     )
-    first = placement[0]
     error = getattr(outcome, "message", "")
     check(
-        len(first["inputs"]) >= 1,
+        len(placement[0]["inputs"]) >= 1,
         f"on data on the meta device (a GPU's stand-in: train_tokens.device is meta) the fp32 "
         f"run made no forward pass ({error!s:.200}): make the batches on the data's device, "
         f"random_batches(..., device=train_tokens.device), not on the CPU (random_batches' "
         f"default; on a GPU the model would get CPU batches) {where}",
     )
-    check(
-        first["inputs"][0] == "meta",
-        f"on data on the meta device (a GPU's stand-in) the fp32 run's first batch was on "
-        f"{first['inputs'][0]}: make the batches on train_tokens.device {where}",
-    )
-    check(
-        first["weights"][0] == "meta",
-        f"on data on the meta device (a GPU's stand-in) the fp32 run's model was on "
-        f"{first['weights'][0]} at its first forward pass: move the model to the data's "
-        f"device, model_fn().to(train_tokens.device) (model_fn builds it on the CPU; a "
-        f"device type such as 'cuda' names no particular device) {where}",
-    )
+    for run, p in zip(("fp32", "AMP"), placement, strict=False):
+        for n, (x, w) in enumerate(zip(p["inputs"], p["weights"], strict=True)):
+            check(
+                x == "meta",
+                f"on data on the meta device (a GPU's stand-in) the {run} run's forward pass "
+                f"{n + 1} got its batch on {x}: make every batch, the training ones and "
+                f"val_batch(..., device=train_tokens.device), on the data's device {where}",
+            )
+            check(
+                w == "meta",
+                f"on data on the meta device (a GPU's stand-in) the {run} run's model was on "
+                f"{w} at its forward pass {n + 1}: move the model to the data's device, "
+                f"model_fn().to(train_tokens.device) (model_fn builds it on the CPU; a device "
+                f"type such as 'cuda' names no particular device) {where}",
+            )
 
 
 def _check_probe(probe: dict, name: str, amp: bool, steps: int, dtype, want: dict, where: str):

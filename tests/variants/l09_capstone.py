@@ -374,10 +374,76 @@ def transformer_flops(config, tokens):
         "train_compare",
         _compare().replace("model = model_fn().to(dev)", "model = model_fn().to(device_type)"),
     ),
+    # Trains on the data's device but makes the held-out batch on val_batch's default, the CPU.
+    "train_compare_val_batch_without_device": (
+        "train_compare",
+        _compare().replace("max_windows=None, device=dev)", "max_windows=None)"),
+    ),
 }
 
 
 VALID = {
+    # The checkpoint's CUDA generators, as lesson 05's valid answers take them: guarded by
+    # torch.accelerator, read through torch.cuda.random.
+    "step_checkpoint_accelerator_guard": (
+        "distributed_step",
+        _step(
+            '"cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},',
+            '"cuda": [torch.cuda.random.get_rng_state(i)\n'
+            "                         for i in range(torch.accelerator.device_count())]\n"
+            "                if torch.accelerator.is_available() else []},",
+        ).replace(
+            '    if state["rng"]["cuda"]:\n        torch.cuda.set_rng_state_all(',
+            '    if state["rng"]["cuda"] and torch.accelerator.is_available():\n'
+            "        torch.cuda.random.set_rng_state_all(",
+            1,
+        ),
+    ),
+    # Each GPU selected in turn (torch.cuda.device(i) to save, torch.cuda.set_device(i) to load).
+    "step_checkpoint_cuda_device_context": (
+        "distributed_step",
+        _step(
+            '"cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},',
+            '"cuda": _gpu_states()},',
+        ).replace(
+            '        torch.cuda.set_rng_state_all(state["rng"]["cuda"])\n',
+            '        for i, gpu_state in enumerate(state["rng"]["cuda"]):\n'
+            "            torch.cuda.set_device(i)\n"
+            "            torch.cuda.set_rng_state(gpu_state)\n"
+            "        torch.cuda.set_device(0)\n",
+            1,
+        )
+        + """
+
+def _gpu_states():
+    gpus = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            with torch.cuda.device(i):
+                gpus.append(torch.cuda.get_rng_state())
+    return gpus
+""",
+    ),
+    # torch.cuda's functions imported by name at the top of the file, before any test.
+    "step_checkpoint_cuda_imported_functions": (
+        "distributed_step",
+        "\nfrom torch.cuda import get_rng_state_all, set_rng_state_all\n"
+        + _step(
+            '"cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},',
+            '"cuda": get_rng_state_all() if torch.cuda.is_available() else []},',
+        ).replace(
+            'torch.cuda.set_rng_state_all(state["rng"]["cuda"])',
+            'set_rng_state_all(state["rng"]["cuda"])',
+            1,
+        ),
+    ),
+    # Autocast's device type read from the data (x.device.type, train_tokens.device.type).
+    "train_compare_autocast_on_the_data_device_type": (
+        "train_compare",
+        _compare()
+        .replace("torch.autocast(device_type,", "torch.autocast(x.device.type,", 1)
+        .replace("torch.autocast(device_type,", "torch.autocast(train_tokens.device.type,", 1),
+    ),
     # The loss as the micro-batch's mean, weighted by its share of all the ranks' tokens; the
     # checkpoint written to a temporary file and renamed (a crash never leaves half a file).
     "step_mean_loss_weighted_and_atomic_checkpoint": (
