@@ -417,6 +417,10 @@ def train(spec: RunSpec, device: torch.device, functions: Functions) -> dict:
     }
     if spec.keep_state:
         out["state"] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        # The schedule's count shows only in the lr of the step after it: kept here, so a resumed
+        # run that lost it differs from the unbroken one even when its last step was the one taken.
+        out["state"]["scheduler.last_epoch"] = torch.tensor(scheduler.last_epoch)
+        out["state"]["optimizer.lr"] = torch.tensor(optimizer.param_groups[0]["lr"])
     return out
 
 
