@@ -247,12 +247,6 @@ def record_unscaled_norms(scaler: torch.amp.GradScaler, model: torch.nn.Module) 
     return norms
 
 
-def _cuda_states(seed: int, count: int = 1) -> list[torch.Tensor]:
-    """``count`` made-up CUDA generator states, 16-byte CPU ``ByteTensor`` s as a real one's."""
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, 256, (16,), generator=gen, dtype=torch.uint8) for _ in range(count)]
-
-
 def cuda_generators_round_trip(spec: RunSpec, functions: Functions, path: str) -> dict:
     """The learner's ``save_checkpoint`` then ``load_checkpoint`` (``functions``) on a model of
     ``spec`` on the CPU, as if the machine had a GPU (lesson 09's tests): the CUDA generators are
@@ -262,10 +256,11 @@ def cuda_generators_round_trip(spec: RunSpec, functions: Functions, path: str) -
     the state they had at the save, a CPU ``ByteTensor``. Returns ``error`` (the exception as
     text, or None), the generator states at the save (``saved``) and after the load
     (``restored``); the CPU generator's state is kept for the caller."""
-    from course.accumulation import SimulatedCudaGenerators  # not needed by the ranks
+    # not needed by the ranks
+    from course.accumulation import SimulatedCudaGenerators, simulated_cuda_states
 
     _, save_fn, load_fn = functions
-    saved = _cuda_states(spec.seed)
+    saved = simulated_cuda_states(spec.seed, 0, 1)
     cuda = SimulatedCudaGenerators(saved)
     error, restored = None, []
     with torch.random.fork_rng(devices=[]):
@@ -275,7 +270,7 @@ def cuda_generators_round_trip(spec: RunSpec, functions: Functions, path: str) -
         try:
             with cuda:
                 save_fn(path, model, optimizer, scaler, scheduler, spec.accum)
-                cuda.states = list(_cuda_states(spec.seed + 1))  # moved on
+                cuda.states = simulated_cuda_states(spec.seed, 0, 1, later=True)  # moved on
                 load_fn(path, model, optimizer, scaler, scheduler)
         except Exception as exc:  # noqa: BLE001 - reported to the learner
             error = f"{type(exc).__name__}: {exc}"

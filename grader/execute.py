@@ -28,12 +28,7 @@ from course.selfcheck import warnings_are_not_failures
 from grader.cells import cell_limits, graded_test_cells, stall_after, timeouts_from_answer
 from grader.sandbox import Settings, execute
 
-__all__ = [
-    "SandboxedExecute",
-    "apply_answer",
-    "graded_test_cells",
-    "record_timing",
-]
+__all__ = ["SandboxedExecute", "apply_answer", "graded_test_cells", "record_timing"]
 
 
 def apply_answer(nb: NotebookNode, answer: dict) -> dict[int, str]:
