@@ -264,10 +264,11 @@ def test_resume_into_a_model_off_the_cpu(tmp_path, functions_file, monkeypatch):
 
 
 def test_graded_run_grows_the_scale_in_every_draw():
-    """Every hidden draw of distributed_step's run takes a step within its steps, and the scaler
-    (growth_interval 1) doubles the scale after it: a step counted as taken only when the scale
-    is unchanged is then wrong in every draw. The judge's own builder and replay, 200 seeds (each
-    replay stops at the first step taken)."""
+    """Every hidden draw of distributed_step's run takes a step before its checkpoint, and the
+    scaler (growth_interval 1) doubles the scale after it: a step counted as taken only when the
+    scale is unchanged is then wrong in every draw, and so is a checkpoint without the scheduler
+    (the saved schedule has moved). The judge's own builder and replay, 200 seeds (each replay
+    stops at the first step taken)."""
     from grader.judges.l09_capstone import one_thread, reference_run
 
     with one_thread():
@@ -275,7 +276,7 @@ def test_graded_run_grows_the_scale_in_every_draw():
             spec = T.graded_spec(seed)
             assert spec.growth_interval == 1
             run = reference_run(spec, until_stepped=True)
-            assert run["stepped"][-1] and len(run["stepped"]) <= spec.steps, (seed, run)
+            assert run["stepped"][-1] and len(run["stepped"]) <= spec.save_at[0], (seed, run)
 
 
 def test_cuda_generators_stand_in_finds_a_checkpoint_without_them(tmp_path, functions_file):
