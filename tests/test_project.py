@@ -47,7 +47,7 @@ def test_ignored_runtime_state():
 
 def test_code_is_linted_and_formatted():
     ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
-    paths = ["course", "grader", "tests", "scripts", "run.py"]
+    paths = ["course", "grader", "tests", "scripts", "website", "run.py"]
     lint = subprocess.run([ruff, "check", *paths], cwd=REPO_ROOT, capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout + lint.stderr
     fmt = subprocess.run(
