@@ -331,6 +331,9 @@ def test_site_in_a_browser(site, browser, shots):
             lesson = name.removeprefix("lessons/").removesuffix(".html")
             if name != "index.html":
                 _check_lesson(page, base, lesson, cfg, site, problems)
+                widget = page.locator(f".jupyter-widgets :is({CONTROLS})")
+                if widget.count():
+                    widget.first.scroll_into_view_if_needed()
                 page.screenshot(path=str(shots / f"site-{lesson}.png"))
             else:
                 links = page.locator("a[href^='lessons/']").count()

@@ -54,16 +54,23 @@ def region_lines(text: str) -> set[str]:
 
 
 def allowed(root: Path) -> set[str]:
-    """The lines students get anyway: the release's notebooks and files, the course package."""
+    """The lines students get anyway: the release's notebooks and files, the course package,
+    and what the student kit adds to them."""
     lines: set[str] = set()
     for path in sorted((root / "lessons").rglob("*")):
+        if not path.is_file() or path.suffix not in (".ipynb", ".py", ".md", ".txt", ".json"):
+            continue
+        lines |= _lines(path.read_text(encoding="utf-8", errors="replace"))  # as the file reads
         if path.suffix == ".ipynb":
             for src in _cell_sources(path):
                 lines |= _lines(src)
-        elif path.is_file() and path.suffix in (".py", ".md", ".txt", ".csv", ".json"):
-            lines |= _lines(path.read_text(encoding="utf-8", errors="replace"))
     for path in sorted((root / "course").rglob("*.py")):
         lines |= _lines(path.read_text(encoding="utf-8"))
+    # What the student kit writes beside them (grader/package.py): its README and launcher.
+    from grader.package import LAB_PY, README, kit_pyproject
+
+    for text in (README, LAB_PY, kit_pyproject(root)):
+        lines |= _lines(text)
     return lines
 
 

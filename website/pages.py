@@ -225,6 +225,8 @@ def compose(
     """The page's notebook: the release's cells with the executed solution's outputs, answers
     left out, and each results run's outputs beside."""
     nb = nbformat.from_dict(copy.deepcopy(release))
+    for cell in nb.cells:  # a notebook's file may hold a cell's source as a list of lines
+        cell.source = _source(cell)
     hidden = hidden_cells(release, executed)
     by_id = {c.get("id"): c for c in (executed or {}).get("cells", [])}
     result_cells = [
