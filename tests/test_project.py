@@ -36,6 +36,7 @@ def test_readme_quick_start_is_what_ci_runs():
     ci = (REPO_ROOT / ".ci" / "run").read_text()
     assert "python3 run.py lab" in readme
     assert "python3 run.py test" in readme
+    assert "python3 run.py site" in readme
     assert re.search(r"^python3 run\.py test$", ci, re.M), ".ci/run must call the README command"
 
 

@@ -390,3 +390,22 @@ def _check_lesson(page, base: str, lesson: str, cfg, site: Site, problems: list[
         problems.append(f"{where}: does not say where its outputs were measured ({measured!r})")
     if lesson == RESULTS_LESSON and FAKE_GPU not in text:
         problems.append(f"{where}: the GPU run's outputs are not labelled {FAKE_GPU!r}")
+
+
+def test_pages_workflow_builds_the_site_and_publishes_it():
+    """``.github/workflows/site.yml``: builds with run.py site, the repository and Pages address
+    from the workflow's context, and deploys what it built."""
+    import yaml
+
+    flow = yaml.safe_load((REPO_ROOT / ".github" / "workflows" / "site.yml").read_text())
+    steps = flow["jobs"]["build"]["steps"]
+    build = next(s for s in steps if "run.py site" in s.get("run", ""))
+    out = build["run"].split("--out", 1)[1].split()[0] if "--out" in build["run"] else "_site"
+    assert "github.repository" in build["env"]["COURSE_REPOSITORY"]
+    assert "steps.pages.outputs.base_url" in build["env"]["COURSE_SITE_URL"]
+    upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-pages-artifact"))
+    assert upload["with"]["path"] == out
+    deploy = flow["jobs"]["deploy"]
+    assert deploy["needs"] == "build"
+    assert any(s.get("uses", "").startswith("actions/deploy-pages") for s in deploy["steps"])
+    assert flow["permissions"] == {"contents": "read", "pages": "write", "id-token": "write"}

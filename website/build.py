@@ -6,6 +6,7 @@
     --results DIR    executed notebooks from a GPU (``scripts/gpu_check.py --save DIR``), shown
                      beside this run's outputs and labelled with the GPU and torch they ran on
     --out DIR        where the site goes (default _site/)
+    --lessons ID...  only these lessons (a quicker build while writing one)
     --repository URL, --branch NAME, --site-url URL
                      override ``[tool.course]`` in pyproject.toml (also from the environment:
                      COURSE_REPOSITORY, COURSE_BRANCH, COURSE_SITE_URL)
@@ -326,12 +327,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repository")
     parser.add_argument("--branch")
     parser.add_argument("--site-url")
+    parser.add_argument(
+        "--lessons", nargs="+", metavar="ID", help="only these lessons (default: all)"
+    )
     args = parser.parse_args(argv)
     try:
         cfg = settings(ROOT, repository=args.repository, branch=args.branch, site_url=args.site_url)
         if args.executed is not None and not args.executed.is_dir():
             raise BuildError(f"--executed {args.executed}: no such folder")
-        built = build(args.out.resolve(), args.executed, args.results, cfg)
+        unknown = sorted(set(args.lessons or []) - set(lesson_ids(ROOT)))
+        if unknown:
+            raise BuildError(f"no released lesson {', '.join(unknown)}")
+        built = build(args.out.resolve(), args.executed, args.results, cfg, lessons=args.lessons)
     except (BuildError, vendor.VendorError) as exc:
         print(f"site: error: {exc}", file=sys.stderr)
         return 1
