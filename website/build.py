@@ -300,10 +300,14 @@ def build(
         )
         env = {**os.environ, "COURSE_SITE_SETTINGS": str(conf), "PYTHONWARNINGS": "ignore"}
         cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-q", "-c", str(HERE)]
-        result = subprocess.run([*cmd, str(src), str(out)], env=env, cwd=tmp)
+        # Into the temporary folder first: myst-nb writes its jupyter_execute/ beside the output.
+        html = Path(tmp) / "html"
+        result = subprocess.run([*cmd, str(src), str(html)], env=env, cwd=tmp)
         if result.returncode != 0:
             raise BuildError(f"sphinx-build failed (exit code {result.returncode})")
-    shutil.rmtree(out / ".doctrees", ignore_errors=True)
+        shutil.rmtree(html / ".doctrees", ignore_errors=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(html, out)
     (out / "notebooks").mkdir(exist_ok=True)
     for lesson in lessons:
         shutil.copy2(root / "lessons" / lesson / f"{lesson}.ipynb", out / "notebooks")
