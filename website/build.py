@@ -163,11 +163,15 @@ def landing(root: Path, cfg: Settings, lessons: list[str], measured: dict[str, s
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         what[cells[0].strip("`")] = cells[1]
+    places = set(measured.values())
+    one = len(places) == 1 and len(measured) == len(lessons)
     items = []
     for lesson in lessons:
         where = measured.get(lesson)
-        note = f" (outputs measured on {where})" if where else ""
+        note = f" (outputs measured on {where})" if where and not one else ""
         items.append(f"- [{lesson}](lessons/{lesson}.ipynb): {what.get(lesson, '')}{note}")
+    if one:
+        items.append(f"\nThe outputs on these pages were measured on {places.pop()}.")
     devices = "\n".join(_table(_readme_section(readme, "Devices")))
     text = (HERE / "templates" / "index.md").read_text(encoding="utf-8")
     text = text.replace("@@LESSONS@@", "\n".join(items))

@@ -23,7 +23,8 @@ suppress_warnings = ["myst.header", "mystnb.unknown_mime_type", "misc.highlighti
 
 # The notebooks arrive executed (the solution's outputs, answers taken out): never run them here.
 nb_execution_mode = "off"
-nb_merge_streams = True
+# Streams are merged by website.pages, one run at a time (a page may show a CPU and a GPU run).
+nb_merge_streams = False
 # The widget manager is served by the site itself (website/vendor.py), not by a CDN: its
 # self-contained embed.js renders the core widgets from the state stored in the page.
 nb_ipywidgets_js = {"widgets/embed.js": {}}

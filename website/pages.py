@@ -202,6 +202,24 @@ def _note(text: str) -> dict:
     )
 
 
+def merge_streams(outputs: list[dict]) -> list[dict]:
+    """Adjacent stream outputs of the same name joined into one, as a notebook shows them (the
+    page keeps one run's streams apart from another's, so it does not let myst-nb merge them)."""
+    merged: list[dict] = []
+    for out in outputs:
+        last = merged[-1] if merged else None
+        if (
+            last is not None
+            and out.get("output_type") == "stream"
+            and last.get("output_type") == "stream"
+            and out.get("name") == last.get("name")
+        ):
+            last["text"] = _source({"source": last["text"]}) + _source({"source": out["text"]})
+            continue
+        merged.append(copy.deepcopy(out))
+    return merged
+
+
 def _gpu_outputs(outputs: list[dict]) -> list[dict]:
     """A results run's outputs without widget views (that run stored no widget state)."""
     kept = []
@@ -232,6 +250,7 @@ def compose(
     result_cells = [
         (r.label, {c.get("id"): c for c in r.notebook.get("cells", [])}) for r in results
     ]
+    here = setup_line(executed) or "this run"
     shown: list[list[dict]] = []
     cells: list[NotebookNode] = []
     for cell in nb.cells:
@@ -243,7 +262,7 @@ def compose(
         ran = by_id.get(cell.get("id"))
         if ran is None:
             continue
-        outputs = copy.deepcopy(ran.get("outputs", []))
+        outputs = merge_streams(ran.get("outputs", []))
         note = hidden.get(cell.id)
         if note is None and leaks_in(output_text(outputs), forbidden):
             note = hidden[cell.id] = NOTE_CODE
@@ -253,11 +272,11 @@ def compose(
             continue
         extra = []
         for label, cells_of in result_cells:
-            gpu = _gpu_outputs(cells_of.get(cell.id, {}).get("outputs", []))
+            gpu = merge_streams(_gpu_outputs(cells_of.get(cell.id, {}).get("outputs", [])))
             if gpu and not leaks_in(output_text(gpu), forbidden):
                 extra += [_label(label, "course-run-gpu"), *gpu]
         if extra and outputs:
-            outputs = [_label("this run (CPU)", "course-run-cpu"), *outputs, *extra]
+            outputs = [_label(here, "course-run-cpu"), *outputs, *extra]
         elif extra:
             outputs = extra
         cell.outputs = [nbformat.from_dict(o) for o in outputs]
@@ -273,7 +292,7 @@ def compose(
         nb.metadata["widgets"] = {WIDGET_STATE: state}
     return Page(
         notebook=nb,
-        measured_on=setup_line(executed),
+        measured_on=setup_line(executed) if executed else None,
         hidden=hidden,
         missing_outputs=executed is None,
         widgets=len(shown),
