@@ -14,7 +14,8 @@ Then:
 - one headless Chromium opens the landing page and every lesson page from a loopback server: no
   console error, no request leaving loopback, a widget control rendered from stored state, the
   Colab and Kaggle links naming the lesson's notebook, the download being the release's file, and
-  Sphinx's search finding lesson 05 by "accumulation".
+  Sphinx's search finding lesson 05 by "accumulation", and pip installing the course's package
+  from the served ``pkg/`` page.
 
 The build's time and size and the browser test's time are printed.
 """
@@ -352,6 +353,13 @@ def test_site_in_a_browser(site, browser, shots):
                 f"{page.locator('#search-results').inner_text()[:300]!r}"
             )
         problems += [f"search: console: {e}" for e in errors]
+        # What a hosted notebook's setup runs: the course's wheel from the served pkg/ page.
+        target = site.out.parent / "pip-target"
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index"]
+        cmd += ["--find-links", base + "pkg/", "--target", str(target), "mixed-precision-course"]
+        pip = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if pip.returncode != 0 or not (target / "course" / "__init__.py").is_file():
+            problems.append(f"pip did not install the course from {base}pkg/: {pip.stderr[-500:]}")
     finally:
         context.close()
         server.shutdown()
