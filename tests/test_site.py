@@ -232,6 +232,16 @@ def _fake_results(executed: Path, folder: Path) -> Path:
     return folder
 
 
+def _say(request, line: str) -> None:
+    """Print ``line`` on the terminal even while pytest captures output (the figures asked for)."""
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if capture is None:
+        print(line)
+        return
+    with capture.global_and_fixture_disabled():
+        print(f"\n{line}", flush=True)
+
+
 class Site:
     def __init__(self, out: Path, executed: Path, results: Path, seconds: float) -> None:
         self.out, self.executed, self.results, self.seconds = out, executed, results, seconds
@@ -257,14 +267,11 @@ def site(tmp_path_factory, request) -> Site:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     files = sum(1 for p in out.rglob("*") if p.is_file())
-    report = request.config.pluginmanager.get_plugin("terminalreporter")
     line = (
         f"site: built in {seconds:.1f} s, {size / 2**20:.1f} MiB in {files} files "
         f"({len(LESSONS)} lessons)"
     )
-    print(line)
-    if report is not None:
-        report.write_line(line)
+    _say(request, line)
     return Site(out, executed, results, seconds)
 
 
@@ -305,7 +312,7 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-def test_site_in_a_browser(site, browser, shots):
+def test_site_in_a_browser(site, browser, shots, request):
     """Landing page and every lesson page offline in Chromium (see the module's doc)."""
     started = time.perf_counter()
     server = http.server.ThreadingHTTPServer(
@@ -365,7 +372,7 @@ def test_site_in_a_browser(site, browser, shots):
         server.shutdown()
         server.server_close()
     seconds = time.perf_counter() - started
-    print(f"site: browser test {seconds:.1f} s")
+    _say(request, f"site: browser test {seconds:.1f} s")
     assert not problems, "\n".join(problems)
 
 
@@ -417,3 +424,27 @@ def test_pages_workflow_builds_the_site_and_publishes_it():
     assert deploy["needs"] == "build"
     assert any(s.get("uses", "").startswith("actions/deploy-pages") for s in deploy["steps"])
     assert flow["permissions"] == {"contents": "read", "pages": "write", "id-token": "write"}
+
+
+def test_vendor_fetch_fails_loudly(tmp_path, monkeypatch):
+    """A widget manager that cannot be downloaded stops the build with what to do; a tarball
+    whose checksum is not the pinned one is refused."""
+    from website import vendor
+
+    monkeypatch.setattr(vendor, "REGISTRY", f"http://127.0.0.1:{_closed_port()}")
+    with pytest.raises(vendor.VendorError, match="registry.npmjs.org once"):
+        vendor.ensure_vendor(tmp_path / "cache", (vendor.HTML_MANAGER,))
+    assert not (tmp_path / "cache" / "static").exists()
+    tarball = tmp_path / "pkg.tgz"
+    tarball.write_bytes(b"not the package")
+    monkeypatch.setattr(vendor.urllib.request, "urlopen", lambda url, timeout: tarball.open("rb"))
+    with pytest.raises(vendor.VendorError, match="is not the registry's"):
+        vendor.ensure_vendor(tmp_path / "cache", (vendor.HTML_MANAGER,))
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
