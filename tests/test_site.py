@@ -337,7 +337,8 @@ def test_site_in_a_browser(site, browser, shots, request):
     outside: list[str] = []
     page.on("console", lambda m: m.type == "error" and errors.append(m.text))
     page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
-    page.on("request", lambda r: not r.url.startswith(base) and outside.append(r.url))
+    local = (base, "data:", "blob:")  # data: and blob: URLs never leave the page
+    page.on("request", lambda r: not r.url.startswith(local) and outside.append(r.url))
     page.on("response", lambda r: r.status >= 400 and errors.append(f"{r.status} {r.url}"))
     try:
         for name in ["index.html", *(f"lessons/{lesson}.html" for lesson in LESSONS)]:
