@@ -126,7 +126,8 @@ def execute_solutions(lessons: list[str], dest: Path) -> Path:
         work = Path(tempfile.mkdtemp(prefix=f"site-{lesson}-"))
         try:
             shutil.copytree(ROOT / "solutions" / lesson, work, dirs_exist_ok=True)
-            env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+            threads = {k: os.environ.get(k, "1") for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+            env = {**os.environ, **threads}
             with LessonKernel(work / f"{lesson}.ipynb", timeout=900, env=env) as kernel:
                 out = dest / lesson / f"{lesson}.executed.ipynb"
                 out.parent.mkdir(parents=True, exist_ok=True)
