@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -41,7 +42,7 @@ from grader import REPO_ROOT
 from grader.observe import MIME as OBSERVATIONS
 from grader.package import write_course_index
 from website import leaks, pages
-from website.build import find_notebook, lesson_ids, settings
+from website.build import find_notebook, lesson_ids
 
 LESSONS = lesson_ids(REPO_ROOT)
 EXECUTED = os.environ.get("COURSE_SITE_EXECUTED")
@@ -262,7 +263,11 @@ def site(tmp_path_factory, request) -> Site:
     cmd = [sys.executable, "-m", "website", "--executed", str(executed)]
     cmd += ["--results", str(results), "--out", str(out)]
     started = time.perf_counter()
-    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    # pyproject.toml's [tool.course] settings, whatever this shell's environment overrides
+    env = dict(os.environ)
+    for key in ("COURSE_REPOSITORY", "COURSE_BRANCH", "COURSE_SITE_URL"):
+        env.pop(key, None)
+    done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
     seconds = time.perf_counter() - started
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
@@ -329,7 +334,9 @@ def test_site_in_a_browser(site, browser, shots, request):
     )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}/"
-    cfg = settings(REPO_ROOT)
+    # The links as the course's settings say (pyproject.toml [tool.course]), spelled out here.
+    course = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["course"]
+    cfg = (course["repository"].removeprefix("https://github.com/"), course["branch"])
     problems: list[str] = []
     context = browser.new_context()
     page = context.new_page()
@@ -394,13 +401,18 @@ def _check_lesson(page, base: str, lesson: str, cfg, site: Site, problems: list[
         widget.first.wait_for(state="visible", timeout=20_000)
     except Exception:  # noqa: BLE001 - reported as a problem of this page
         problems.append(f"{where}: no widget control visible")
-    for css, expected in (("a.course-colab", cfg.colab(notebook)), ("a.course-kaggle", None)):
+    repo, branch = cfg
+    github = f"https://github.com/{repo}/blob/{branch}/{notebook}"
+    for css, expected in (
+        (
+            "a.course-colab",
+            f"https://colab.research.google.com/github/{repo}/blob/{branch}/{notebook}",
+        ),
+        ("a.course-kaggle", f"https://kaggle.com/kernels/welcome?src={github}"),
+    ):
         href = page.locator(css).first.get_attribute("href")
-        expected = expected or cfg.kaggle(notebook)
         if href != expected:
             problems.append(f"{where}: {css} is {href!r}, not {expected!r}")
-    if not cfg.colab(notebook).endswith(f"/blob/{cfg.branch}/{notebook}"):
-        problems.append(f"{where}: the Colab link does not name {notebook}")
     href = page.locator("a.course-download").first.get_attribute("href")
     got = page.request.get(base + "lessons/" + href).body()
     release = (REPO_ROOT / notebook).read_bytes()
