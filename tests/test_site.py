@@ -470,3 +470,28 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_settings_come_from_pyproject_then_environment_then_options(monkeypatch):
+    """The repository, branch and site URL: ``[tool.course]``, overridden by the environment,
+    overridden by ``run.py site``'s options; the launch links follow them."""
+    from website.build import settings
+
+    for key in ("COURSE_REPOSITORY", "COURSE_BRANCH", "COURSE_SITE_URL"):
+        monkeypatch.delenv(key, raising=False)
+    course = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["course"]
+    assert settings(REPO_ROOT).repository == course["repository"]
+    monkeypatch.setenv("COURSE_REPOSITORY", "https://github.com/someone/fork")
+    monkeypatch.setenv("COURSE_SITE_URL", "https://someone.github.io/fork")
+    cfg = settings(REPO_ROOT, branch="dev")
+    assert (cfg.repository, cfg.branch, cfg.site_url) == (
+        "https://github.com/someone/fork",
+        "dev",
+        "https://someone.github.io/fork/",
+    )
+    nb = "lessons/01-number-formats/01-number-formats.ipynb"
+    assert cfg.colab(nb) == f"https://colab.research.google.com/github/someone/fork/blob/dev/{nb}"
+    assert cfg.kaggle(nb) == (
+        f"https://kaggle.com/kernels/welcome?src=https://github.com/someone/fork/blob/dev/{nb}"
+    )
+    assert settings(REPO_ROOT, repository="https://github.com/a/b").owner_repo == "a/b"
