@@ -10,6 +10,9 @@
                            (accounts, passwords, nbgrader's exchange; see README.md)
     python3 run.py gpu-check   on an NVIDIA GPU machine: grade every lesson on CUDA, confirm the
                            CUDA autocast lists, print the speed/memory benchmark
+    python3 run.py site [--executed DIR] [--results DIR] [--out DIR]   build the course's static
+                           site into _site/ (lesson pages with the outputs of the solutions' runs,
+                           answers left out; see README.md, "The course's site")
 
 Extra arguments go to JupyterLab or pytest. Only the Python standard library is used here, so this
 runs on a fresh machine with nothing but Python 3.11+.
@@ -160,13 +163,35 @@ def cmd_lab(args: list[str]) -> int:
 
 
 def cmd_test(args: list[str]) -> int:
+    """The suite, then (a full run that passed) the site's test on the notebooks it executed.
+
+    The suite executes every solution notebook once and keeps each one it executed under
+    ``$COURSE_TEST_ARTIFACTS`` (default ``test-artifacts/``) as ``NN-x/NN-x.executed.ipynb``.
+    ``tests/test_site.py`` builds the site from those (``COURSE_SITE_EXECUTED``) instead of
+    executing any lesson again. It runs only after a full run (no extra arguments) that passed:
+    only then has every lesson been executed, and cleanly.
+    """
     ensure_venv()
     ensure_installed("test")
     ensure_system_packages()
+    env = child_env()
+    artifacts = Path(env.get("COURSE_TEST_ARTIFACTS") or ROOT / "test-artifacts").resolve()
+    env["COURSE_TEST_ARTIFACTS"] = str(artifacts)
+    env.pop("COURSE_SITE_EXECUTED", None)
+    if not args:  # a notebook left from an earlier run must not stand in for this run's
+        for old in artifacts.glob("[0-9][0-9]-*/*.executed.ipynb"):
+            old.unlink()
     workers = os.environ.get("COURSE_TEST_WORKERS") or str(max(2, min(os.cpu_count() or 2, 4)))
     cmd = [str(PY), "-m", "pytest", "-n", workers, "--dist", "loadgroup", "--durations=30", *args]
     say("$ " + " ".join(cmd))
-    return subprocess.call(cmd, cwd=ROOT, env=child_env())
+    code = subprocess.call(cmd, cwd=ROOT, env=env)
+    if args or code != 0:
+        return code
+    env["COURSE_SITE_EXECUTED"] = str(artifacts)
+    cmd = [str(PY), "-m", "pytest", "--durations=10", "tests/test_site.py"]
+    say(f"the site, from the notebooks the suite executed ({artifacts})")
+    say(f"$ COURSE_SITE_EXECUTED={artifacts} " + " ".join(cmd))
+    return subprocess.call(cmd, cwd=ROOT, env=env)
 
 
 def cmd_hub(args: list[str]) -> int:
@@ -186,10 +211,25 @@ def cmd_gpu_check(args: list[str]) -> int:
     return subprocess.call(cmd, cwd=ROOT, env=child_env())
 
 
+def cmd_site(args: list[str]) -> int:
+    """``python -m website ARGS``: build the static site (``--help`` lists the options)."""
+    ensure_venv()
+    ensure_installed("site")
+    cmd = [str(PY), "-m", "website", *args]
+    say("$ " + " ".join(cmd))
+    return subprocess.call(cmd, cwd=ROOT, env=child_env())
+
+
 def main(argv: list[str]) -> int:
     if sys.version_info < (3, 11):  # noqa: UP036 - this script may be started by an older Python
         fail(f"Python 3.11 or newer is needed; this is {sys.version.split()[0]}")
-    commands = {"lab": cmd_lab, "test": cmd_test, "hub": cmd_hub, "gpu-check": cmd_gpu_check}
+    commands = {
+        "lab": cmd_lab,
+        "test": cmd_test,
+        "hub": cmd_hub,
+        "gpu-check": cmd_gpu_check,
+        "site": cmd_site,
+    }
     if not argv or argv[0] not in commands:
         print(__doc__.strip())
         return 0 if argv and argv[0] in ("-h", "--help") else 2

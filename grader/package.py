@@ -192,3 +192,68 @@ def build_kit(root: Path, out: Path, lessons: list[str] | None = None) -> list[s
             zf.writestr(info, text)
     tmp.replace(out)
     return sorted([*files, *generated])
+
+
+def write_course_index(dest: Path, root: Path | None = None) -> Path:
+    """A wheel of the ``course`` package alone in ``dest``, with an ``index.html`` listing it.
+
+    The wheel is built from the kit's project (:func:`kit_pyproject`: ``course`` only, never
+    ``grader``), without network or build isolation, so a hosted notebook can install the
+    course's helper package from a folder or a web page beside the lessons
+    (``pip install --no-deps --no-index --find-links DEST mixed-precision-course``) and keep its
+    runtime's own torch. ``index.html`` is a ``--find-links`` page. Returns the wheel's path.
+    """
+    import hashlib
+    import html
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    root = Path(root) if root is not None else Path(__file__).resolve().parent.parent
+    files: dict[str, Path] = {}
+    _walk(root, "course", files)
+    problems = [
+        f"{name}: contains {marker!r}"
+        for name, path in files.items()
+        for marker in FORBIDDEN
+        if marker in path.read_text(encoding="utf-8", errors="replace")
+    ]
+    if problems:
+        raise PackageError("the course package would leak:\n  " + "\n  ".join(problems))
+    with tempfile.TemporaryDirectory(prefix="course-wheel-") as tmp:
+        src = Path(tmp) / "src"
+        for name, path in files.items():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, src / name)
+        (src / "pyproject.toml").write_text(kit_pyproject(root), encoding="utf-8")
+        (src / "README.md").write_text(README, encoding="utf-8")
+        wheels = Path(tmp) / "wheels"
+        cmd = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-index"]
+        cmd += ["--no-build-isolation", "--wheel-dir", str(wheels), str(src)]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        built = sorted(wheels.glob("*.whl"))
+        if result.returncode != 0 or len(built) != 1:
+            raise PackageError(f"could not build the course's wheel:\n{result.stderr[-3000:]}")
+        dest.mkdir(parents=True, exist_ok=True)
+        for old in dest.glob("*.whl"):
+            old.unlink()
+        wheel = dest / built[0].name
+        shutil.copy2(built[0], wheel)
+    with zipfile.ZipFile(wheel) as zf:
+        tops = {name.split("/", 1)[0] for name in zf.namelist()}
+    if any(not (t == "course" or t.endswith(".dist-info")) for t in tops):
+        raise PackageError(f"{wheel.name} holds more than the course package: {sorted(tops)}")
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    project = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    requires = html.escape(project.get("requires-python", ""), quote=True)
+    name = html.escape(wheel.name)
+    (dest / "index.html").write_text(
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
+        f"<title>{html.escape(project['name'])}</title></head><body>\n"
+        f"<h1>{html.escape(project['name'])}: the course's helper package</h1>\n"
+        f'<a href="{name}#sha256={digest}" data-requires-python="{requires}">{name}</a>\n'
+        "</body></html>\n",
+        encoding="utf-8",
+    )
+    return wheel

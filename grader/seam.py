@@ -247,6 +247,9 @@ class LessonKernel:
                 finally:
                     cell.source = source
                 judge_cell(cell, self.lesson)
+            # The widgets' state as the cells left it, in ``executed.metadata.widgets`` (nbclient
+            # stores it only from its own ``execute``): what a page shows a widget from.
+            self._client.set_widgets_metadata()
         except BaseException:
             self._stack.close()
             raise

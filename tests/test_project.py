@@ -36,6 +36,7 @@ def test_readme_quick_start_is_what_ci_runs():
     ci = (REPO_ROOT / ".ci" / "run").read_text()
     assert "python3 run.py lab" in readme
     assert "python3 run.py test" in readme
+    assert "python3 run.py site" in readme
     assert re.search(r"^python3 run\.py test$", ci, re.M), ".ci/run must call the README command"
 
 
@@ -47,7 +48,7 @@ def test_ignored_runtime_state():
 
 def test_code_is_linted_and_formatted():
     ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
-    paths = ["course", "grader", "tests", "scripts", "run.py"]
+    paths = ["course", "grader", "tests", "scripts", "website", "run.py"]
     lint = subprocess.run([ruff, "check", *paths], cwd=REPO_ROOT, capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout + lint.stderr
     fmt = subprocess.run(
