@@ -188,6 +188,38 @@ def _view(model: str) -> dict:
     )
 
 
+def _course_imports() -> set[str]:
+    """The third-party modules ``course/`` imports unconditionally (an import inside a ``try``
+    that catches ImportError is optional)."""
+    import ast
+
+    found: set[str] = set()
+    for path in sorted((REPO_ROOT / "course").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        optional = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Try) and any(
+                "ImportError" in ast.unparse(h.type or ast.Name("BaseException"))
+                for h in node.handlers
+            ):
+                optional |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+        for node in ast.walk(tree):
+            if id(node) in optional:
+                continue
+            if isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return {m for m in found if m not in sys.stdlib_module_names and m != "course"}
+
+
+def _distributions(module: str) -> set[str]:
+    import importlib.metadata
+
+    dists = importlib.metadata.packages_distributions().get(module, [module])
+    return {d.lower().replace("_", "-") for d in dists}
+
+
 def test_course_index_serves_the_course_package_alone(tmp_path):
     """``write_course_index``: a wheel of ``course/`` only, listed by a --find-links page, that
     pip installs with no index and no dependencies."""
@@ -195,12 +227,26 @@ def test_course_index_serves_the_course_package_alone(tmp_path):
     wheel = write_course_index(dest)
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
+        meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        metadata = zf.read(meta).decode()
     assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {
         "course"
     }
     assert "course/__init__.py" in names and not any("grader" in n for n in names)
     index = (dest / "index.html").read_text()
     assert f'href="{wheel.name}#sha256=' in index
+    # Its metadata: what course/ imports, unpinned, so pip keeps a hosted runtime's torch.
+    requires = [
+        line.split(":", 1)[1].strip()
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
+    pinned = [r for r in requires if any(op in r for op in "=<>~!;[")]
+    assert requires and not pinned, f"the hosted wheel pins {pinned}"
+    names = {r.lower().replace("_", "-") for r in requires}
+    imported = _course_imports()
+    missing = sorted(m for m in imported if not names & _distributions(m))
+    assert not missing, f"course/ imports {missing}, which the wheel does not declare"
     target = tmp_path / "target"
     cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index"]
     cmd += ["--find-links", str(dest), "--target", str(target), "mixed-precision-course"]
