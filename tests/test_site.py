@@ -8,8 +8,8 @@ GPU), so that no lesson is executed again. ``python3 run.py test`` runs them aft
 Then:
 
 - the leak test reads every file the site serves (archives unpacked, HTML as text, JSON strings
-  decoded) for any line of a solution region, hidden test, ``grader/`` module, judge or example
-  answer that students do not get anyway, for the outputs the pages must leave out (the answers'
+  decoded) for any line of a solution region, written answer, hidden test, ``grader/`` module,
+  judge or example answer that students do not get anyway (as a line or inside one), for the outputs the pages must leave out (the answers'
   cells, the exercises' test cells), and for planted answers in the GPU run's hidden cells;
 - one headless Chromium opens the landing page and every lesson page from a loopback server: no
   console error, no request leaving loopback, a widget control rendered from stored state, the
@@ -22,6 +22,7 @@ The build's time and size and the browser test's time are printed.
 
 from __future__ import annotations
 
+import copy
 import functools
 import html
 import http.server
@@ -100,9 +101,58 @@ def test_leak_finder_finds_a_solution_line_however_the_site_holds_it(tmp_path):
     (site / "pkg").mkdir()
     with zipfile.ZipFile(site / "pkg" / "x-1-py3-none-any.whl", "w") as zf:
         zf.writestr("course/x.py", f"def f():\n    {line}\n")
+    # An IPython traceback quoting the line: colour codes, an arrow and a line number around it,
+    # as the stored notebook holds it (a JSON string) and as a page shows it (HTML).
+    frame = f"\x1b[0;32m----> 7\x1b[0m     \x1b[38;5;28m{line}\x1b[39;00m  \x1b[38;5;66m# here"
+    (site / "tb.ipynb").write_text(json.dumps({"outputs": [{"traceback": [frame]}]}))
+    (site / "tb.html").write_text(f"<pre>{html.escape(frame)}</pre>")
     found = leaks.find_leaks(site, forbidden)
     assert set(found) == {line}
-    assert found[line] == {"code.html", "widget.html", "pkg/x-1-py3-none-any.whl!course/x.py"}
+    assert found[line] == {
+        "code.html",
+        "widget.html",
+        "pkg/x-1-py3-none-any.whl!course/x.py",
+        "tb.ipynb",
+        "tb.html",
+    }
+    traceback = nbformat.v4.new_output("error", ename="E", evalue="e", traceback=[frame])
+    assert pages.leaks_in(pages.output_text([traceback]), forbidden) == {line}
+
+
+def test_leak_finder_passes_what_students_get_and_torch_source():
+    """No false alarms from substring matching: a solution line that a lesson's prose spells
+    out with inline code (lesson 05's ``if `max_grad_norm` is not `None`:``) is not forbidden,
+    and a traceback through torch quoting a line that torch's source holds is not a leak."""
+    forbidden = _forbidden()
+    prose = "if max_grad_norm is not None:"
+    solution = (REPO_ROOT / "solutions" / "05-accumulation" / "05-accumulation.ipynb").read_text()
+    assert f'"    {prose}' in solution and prose not in forbidden
+    torch_line = 'raise RuntimeError("unscale_() is being called after step().")'
+    assert torch_line in forbidden, "a solution line that torch's GradScaler also holds"
+    frame = f"\x1b[0;32m--> 406\x1b[0m     {torch_line}"
+    assert pages.leaks_in(frame, forbidden) == set()
+    assert leaks.in_torch_source({torch_line, _a_solution_line()}) == {torch_line}
+
+
+def test_written_answers_are_forbidden(tmp_path):
+    """Each lesson's written-question model answer (a markdown cell marked as an nbgrader
+    solution, a placeholder in the release) is forbidden, and found on a page that shows it."""
+    forbidden = _forbidden()
+    answers = {}
+    for path in sorted((REPO_ROOT / "solutions").rglob("*.ipynb")):
+        for cell in _nb(path)["cells"]:
+            meta = cell["metadata"].get("nbgrader", {})
+            if cell["cell_type"] == "markdown" and meta.get("solution"):
+                lines = leaks.not_given(leaks._lines("".join(cell["source"])), REPO_ROOT)
+                answers[path.stem] = sorted(lines, key=len)[-1] if lines else None
+    assert set(answers) == set(LESSONS), "one written answer per lesson"
+    assert all(answers.values()), f"a written answer with no line of its own: {answers}"
+    assert set(answers.values()) <= forbidden
+    site = tmp_path / "site"
+    site.mkdir()
+    answer = answers["04-batchnorm"]
+    (site / "page.html").write_text(f"<p>{html.escape(answer)}</p>")
+    assert set(leaks.find_leaks(site, forbidden)) == {answer}
 
 
 def test_lesson_03_answer_cells_are_left_out():
@@ -176,6 +226,72 @@ def test_compose_leaves_out_answers_and_their_widgets():
     kept = page.notebook.metadata["widgets"][pages.WIDGET_STATE]["state"]
     assert set(kept) == {"a", "b"}
     assert "42 is the answer" not in json.dumps(page.notebook)
+
+
+def _notebooks(cells: list[tuple[str, str, dict, list[dict]]]) -> tuple[dict, dict]:
+    """A release and its executed solution from ``(id, source, nbgrader metadata, outputs)``."""
+    release, solved = nbformat.v4.new_notebook(), nbformat.v4.new_notebook()
+    for cid, source, meta, outputs in cells:
+        extra = {"nbgrader": {**meta, "grade": False, "grade_id": cid}} if meta else {}
+        release.cells.append(nbformat.v4.new_code_cell(source, id=cid, metadata=dict(extra)))
+        ran = nbformat.v4.new_code_cell(source, id=cid, metadata=dict(extra))
+        ran.outputs = outputs
+        solved.cells.append(ran)
+    return release, solved
+
+
+def _print(text: str) -> list[dict]:
+    return [nbformat.v4.new_output("stream", name="stdout", text=text + "\n")]
+
+
+def test_hiding_follows_names_bound_from_an_answer():
+    """A name bound in a left-out cell from an exercise's value (``t = table(answer)``) is left
+    out in later cells too, and so on down the chain; a name bound elsewhere is not."""
+    release, solved = _notebooks(
+        [
+            ("sol", "answer = {'matmul': 'float16'}", {"solution": True}, []),
+            ("t", "t = dtype_table(answer)\nrows = 3", {}, []),
+            ("show-t", "print(t)", {}, []),
+            ("u", "u = t.upper()", {}, []),
+            ("show-u", "u", {}, []),
+            ("other", "v = dtype_table({})\nprint(v)", {}, []),
+        ]
+    )
+    hidden = pages.hidden_cells(release, solved)
+    assert set(hidden) == {"sol", "t", "show-t", "u", "show-u"}
+    assert all(hidden[c] == pages.NOTE_ANSWER for c in hidden)
+
+
+def test_a_shown_output_repeating_a_left_out_line_stops_the_build():
+    """A shown cell printing a line that a left-out cell printed (the answer reached it in a
+    way the rules missed) makes compose refuse, naming both cells; the device line and object
+    reprs that every cell may print are not repeats."""
+    device = "CPU Test (1 threads), torch 2.13.0+cpu"
+    row = "matmul        float16    (your CUDA prediction)"
+    cells = [
+        ("setup", "setup()", {}, _print(f"Running on {device}; seed 0.")),
+        ("sol", "answer = {'matmul': 'float16'}", {"solution": True}, []),
+        (
+            "table",
+            "show(answer)",
+            {},
+            _print(f"on {device}:\n{row}\n<Figure size 8x3 with 1 Axes>"),
+        ),
+        ("same-device", "other()", {}, _print(f"on {device}:\n<Figure size 8x3 with 1 Axes>")),
+    ]
+    release, solved = _notebooks(cells)
+    page = pages.compose(release, solved, set())
+    assert page.hidden.get("table") == pages.NOTE_ANSWER and "same-device" not in page.hidden
+    release, solved = _notebooks(
+        [*cells, ("sneaky", "print(open('t.txt').read())", {}, _print(row))]
+    )
+    with pytest.raises(pages.RepeatError, match=r"cell sneaky \(cell 5 .*left-out cell table"):
+        pages.compose(release, solved, set())
+    gpu = copy.deepcopy(solved)
+    gpu.cells[-1].outputs = _print(row)
+    solved.cells[-1].outputs = _print("nothing to see")
+    with pytest.raises(pages.RepeatError, match="from CUDA GPU X"):
+        pages.compose(release, solved, set(), [pages.Results("CUDA GPU X", gpu)])
 
 
 def _view(model: str) -> dict:
@@ -356,7 +472,7 @@ def test_no_answer_anywhere_on_the_site(site):
         left |= hidden
         shown |= kept
     assert len(left) > 1, "no left-out cell printed anything: the check would prove nothing"
-    outputs = left - shown - allowed
+    outputs = leaks.not_given(left - shown - allowed, REPO_ROOT)
     found = leaks.find_leaks(site.out, forbidden | outputs | {OBSERVATIONS})
     shown = {line: sorted(files)[:3] for line, files in sorted(found.items())[:20]}
     assert not found, f"{len(found)} forbidden lines on the site: {json.dumps(shown, indent=1)}"

@@ -262,7 +262,7 @@ def build(
     static = vendor.ensure_vendor(CACHE / "site-vendor")
     if executed is None:
         executed = execute_solutions(lessons, CACHE / "site-executed")
-    forbidden = leaks.forbidden(root)
+    forbidden = leaks.Matcher(leaks.forbidden(root))
     gpu_runs: dict[str, pages.Results] = {}
     if results is not None:
         if not results.is_dir():
@@ -293,7 +293,10 @@ def build(
             path = find_notebook(executed, lesson)
             ran = _read(path) if path else None
             runs = [gpu_runs[lesson]] if lesson in gpu_runs else []
-            page = pages.compose(release, ran, forbidden, runs)
+            try:
+                page = pages.compose(release, ran, forbidden, runs)
+            except pages.RepeatError as exc:
+                raise BuildError(f"lessons/{lesson}: {exc}") from None
             insert_header(page.notebook, header(cfg, lesson, page, [r.label for r in runs]))
             nbformat.write(page.notebook, src / "lessons" / f"{lesson}.ipynb")
             built.lessons[lesson] = page
