@@ -293,6 +293,19 @@ def printed_lines(outputs: list[dict], devices: list[str] = ()) -> set[str]:
     return found
 
 
+#: A markdown heading: its level and its text.
+HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
+
+
+def figure_alt(title: str, section: str, number: int | None) -> str:
+    """A figure's alt text: which lesson, which section and which cell draw it (the plot's own
+    title lives in its pixels)."""
+    plain = [re.sub(r"[`*_]", "", t) for t in (title, section)]
+    where = f", section “{plain[1]}”" if plain[1] and plain[1] != plain[0] else ""
+    cell = f", cell {number}" if number else ""
+    return f"Figure drawn by {plain[0] or 'this lesson'}{where}{cell}"
+
+
 def compose(
     release: dict,
     executed: dict | None,
@@ -340,8 +353,15 @@ def compose(
     here = setup_line(executed) or "this run"
     shown: list[list[dict]] = []
     cells: list[NotebookNode] = []
+    title, section = "", ""
     for cell in nb.cells:
         cells.append(cell)
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                match = HEADING.match(line)
+                if match:
+                    title = title or match.group(2)
+                    section = match.group(2)
         if cell.cell_type != "code":
             continue
         cell.execution_count = None
@@ -367,6 +387,9 @@ def compose(
         elif extra:
             outputs = extra
         cell.outputs = [nbformat.from_dict(o) for o in outputs]
+        if any(m.startswith("image/") for o in outputs for m in (o.get("data") or {})):
+            alt = figure_alt(title, section, number.get(cell.id))
+            cell.metadata.setdefault("mystnb", {})["image"] = {"alt": alt}
         if any(WIDGET_VIEW in (o.get("data") or {}) for o in outputs):
             shown.append(outputs)
             cells.append(nbformat.v4.new_markdown_cell(NOTE_WIDGET))
