@@ -725,6 +725,29 @@ def run_benchmark(
     return results
 
 
+def mfu_warnings(results: Sequence[Result]) -> list[str]:
+    """A sentence for each MFU above 100%: more FLOP/s than the peak it is measured against
+    cannot be, so the peak is wrong for this run (the measured peak's probe ran while the
+    machine was busy, or the datasheet is not this device's). Said, never clamped (lesson 09)."""
+    found = []
+    for r in results:
+        for share, peak in (
+            (r.mfu_measured, "the matmul peak measured in this run"),
+            (r.mfu_datasheet, "the datasheet peak"),
+        ):
+            if share is not None and share > 1.0:
+                why = (
+                    "the peak probe was disturbed (the machine was busy while it ran): rerun "
+                    "on a quiet machine"
+                    if peak.startswith("the matmul")
+                    else "the datasheet entry is not this device's"
+                )
+                found.append(
+                    f"{r.mode}: MFU {share:.0%} is above {peak}, which no step can reach; {why}"
+                )
+    return found
+
+
 def _fmt_time(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -810,6 +833,7 @@ def format_table(results: Sequence[Result], device_description: str = "") -> str
             f"{spread:.1f}x): the machine was busy while measuring, so these ratios are "
             "unreliable; rerun when it is idle, or with more --repeats."
         )
+    lines += [f"warning: {w}." for w in mfu_warnings(results)]
     for note, mode in notes.items():
         if note == "peak memory not measured on CPU":
             lines.append(f"note: {CPU_MEMORY_NOTE}.")

@@ -20,7 +20,15 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 
-from course.benchmark import BASE_MODES, COMPILED, Result, math_mode, parse_mode, run_benchmark
+from course.benchmark import (
+    BASE_MODES,
+    COMPILED,
+    Result,
+    math_mode,
+    mfu_warnings,
+    parse_mode,
+    run_benchmark,
+)
 from course.benchmark import unsupported_reason as _unsupported
 from course.gpt import GPT, GPTConfig, lm_loss
 from course.plotting import new_figure
@@ -498,9 +506,11 @@ class BenchmarkDashboard:
             self.ax_speed.set_ylim(0, 1.15 * max(self.throughput_bars.values()))
         peak = "datasheet" if sheet else "measured matmul"
         count = "your FLOP count" if self.flops_fn is not None else "FlopCounterMode's count"
-        self._bars(
-            self.ax_mfu, self.mfu_bars, "tab:orange", "MFU (%)", f"MFU vs {peak} peak\n({count})"
-        )
+        above = [m for m, v in self.mfu_bars.items() if v > 100]
+        title = f"MFU vs {peak} peak\n({count})"
+        if above:
+            title += f"\n{', '.join(above)} above 100%: the peak is wrong (see the warning)"
+        self._bars(self.ax_mfu, self.mfu_bars, "tab:orange", "MFU (%)", title)
         if self.memory_bars:
             self._bars(self.ax_memory, self.memory_bars, "tab:green", "MiB",
                        "peak memory (max_memory_allocated)")  # fmt: skip
@@ -518,6 +528,7 @@ class BenchmarkDashboard:
         self.status.value = (
             f"run {self.runs}: {len(measured)} modes measured on {self.device.type}"
             + "".join(f"<br><i>{s}</i>" for s in skipped)
+            + "".join(f"<br><b>warning: {w}.</b>" for w in mfu_warnings(measured))
         )
         with self.output:
             self.output.clear_output(wait=True)

@@ -363,8 +363,9 @@ class DeviceProfile:
             return f"Intel GPU (XPU) {self.name}"
         fast = ("amx_bf16", "avx512_bf16", "bf16", "avx512_fp16")
         native = [f for f in fast if f in self.cpu_flags]
+        threads = torch.get_num_threads()
         return (
-            f"CPU {self.name} ({torch.get_num_threads()} threads, "
+            f"CPU {self.name} ({threads} thread{'s' if threads != 1 else ''}, "
             f"{'with ' + ', '.join(native) if native else 'no native 16-bit float arithmetic'})"
         )
 

@@ -126,10 +126,32 @@ def _toml(value: object) -> str:
     return json.dumps(value)  # a TOML basic string for the strings a pyproject holds
 
 
-def kit_pyproject(root: Path) -> str:
+#: What the hosted wheel (:func:`write_course_index`) declares: the distributions ``course/``
+#: imports (``psutil`` and ``torchao`` are optional there), unpinned, so that pip, even without
+#: ``--no-deps``, keeps what a hosted runtime has (Colab: torch 2.11, ipywidgets 7.7.1) and only
+#: adds what it lacks.
+HOSTED_DEPENDENCIES = (
+    "torch",
+    "numpy",
+    "matplotlib",
+    "ipywidgets",
+    "ipython",
+    "scikit-learn",
+    "cloudpickle",
+    "nbformat",
+    "nbclient",
+    "nbconvert",
+    "jupyter-client",
+    "jupyter-core",
+    "traitlets",
+)
+
+
+def kit_pyproject(root: Path, dependencies: list[str] | tuple[str, ...] | None = None) -> str:
     """The kit's ``pyproject.toml``: the course's project metadata and dependencies, packaging
     ``course`` only (the course's own file also packages ``grader``, which the kit does not hold,
-    and declares the instructor's command)."""
+    and declares the instructor's command). ``dependencies``: these instead of the course's
+    pinned ones (the hosted wheel's)."""
     data = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
     build = data.get("build-system", {})
     project = data.get("project", {})
@@ -145,7 +167,9 @@ def kit_pyproject(root: Path) -> str:
         if key in project:
             lines.append(f"{key} = {_toml(project[key])}")
     lines.append('readme = "README.md"')
-    lines.append(f"dependencies = {_toml(list(project.get('dependencies', [])))}")
+    if dependencies is None:
+        dependencies = project.get("dependencies", [])
+    lines.append(f"dependencies = {_toml(list(dependencies))}")
     lines += ["", "[tool.setuptools.packages.find]", 'include = ["course*"]', ""]
     return "\n".join(lines)
 
@@ -198,10 +222,12 @@ def write_course_index(dest: Path, root: Path | None = None) -> Path:
     """A wheel of the ``course`` package alone in ``dest``, with an ``index.html`` listing it.
 
     The wheel is built from the kit's project (:func:`kit_pyproject`: ``course`` only, never
-    ``grader``), without network or build isolation, so a hosted notebook can install the
-    course's helper package from a folder or a web page beside the lessons
+    ``grader``) with its own dependencies, :data:`HOSTED_DEPENDENCIES` (unpinned: not the kit's
+    torch==2.13.0 and ipywidgets>=8.1), without network or build isolation, so a hosted notebook
+    can install the course's helper package from a folder or a web page beside the lessons
     (``pip install --no-deps --no-index --find-links DEST mixed-precision-course``) and keep its
-    runtime's own torch. ``index.html`` is a ``--find-links`` page. Returns the wheel's path.
+    runtime's own torch and ipywidgets, even when installed without ``--no-deps``.
+    ``index.html`` is a ``--find-links`` page. Returns the wheel's path.
     """
     import hashlib
     import html
@@ -226,7 +252,8 @@ def write_course_index(dest: Path, root: Path | None = None) -> Path:
         for name, path in files.items():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, src / name)
-        (src / "pyproject.toml").write_text(kit_pyproject(root), encoding="utf-8")
+        hosted = kit_pyproject(root, HOSTED_DEPENDENCIES)
+        (src / "pyproject.toml").write_text(hosted, encoding="utf-8")
         (src / "README.md").write_text(README, encoding="utf-8")
         wheels = Path(tmp) / "wheels"
         cmd = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-index"]

@@ -343,3 +343,39 @@ def test_cpu_half_precision_flags_name_every_flag():
     native_bf16 = flags["amx_bf16"] or flags["avx512_bf16"]
     assert ("bfloat16 matmuls run natively" in implication) == native_bf16
     assert ("far slower" in implication) != (flags["amx_fp16"] or flags["avx512_fp16"])
+
+
+def _lm_result(mode: str, step_time: float, peak: float, datasheet: float | None = None):
+    """A made-up GPT row: 1e9 FLOPs per step, so ``1e9 / step_time`` FLOP/s achieved."""
+    return B.Result(
+        mode, "gpt", 8, 2, "cpu", step_time=step_time, times=(step_time,), speedup=1.0,
+        items_per_step=128, unit="tokens", flops=10**9, peak_measured=peak,
+        peak_datasheet=datasheet,
+    )  # fmt: skip
+
+
+def test_an_mfu_above_the_peak_is_said_plainly_not_clamped():
+    """MFU above 100% of the measured matmul peak (a peak probe disturbed by a busy machine)
+    is shown as it is and named, in the table and on the dashboard; below 100% nothing is said."""
+    calm = _lm_result("fp32", 0.01, peak=2e11)  # 1e11 FLOP/s: 50%
+    over = _lm_result("bf16-amp", 0.001, peak=2e12 / 3)  # 1e12 FLOP/s: 150%
+    assert B.mfu_warnings([calm]) == []
+    assert "warning" not in B.format_table([calm])
+    (said,) = B.mfu_warnings([calm, over])
+    assert said.startswith("bf16-amp: MFU 150% is above the matmul peak measured in this run")
+    assert "rerun on a quiet machine" in said
+    text = B.format_table([calm, over])
+    assert f"warning: {said}." in text and "150.0%" in text, "the value itself, not clamped"
+    sheet = B.mfu_warnings([_lm_result("fp16-amp", 0.001, peak=2e12, datasheet=5e11)])
+    assert len(sheet) == 1 and "datasheet entry is not this device's" in sheet[0]
+
+    def runner(modes, progress, batch_size, **kwargs):
+        return [calm, over]
+
+    dash = BenchmarkDashboard("cpu", runner=runner)
+    dash.run()
+    assert dash.mfu_bars["bf16-amp"] == pytest.approx(150.0)
+    assert said in dash.status.value and "bf16-amp above 100%" in dash.ax_mfu.get_title()
+    dash = BenchmarkDashboard("cpu", runner=lambda modes, progress, batch_size, **kw: [calm])
+    dash.run()
+    assert "warning" not in dash.status.value and "100%" not in dash.ax_mfu.get_title()

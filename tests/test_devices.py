@@ -399,6 +399,14 @@ def test_the_live_profile_of_this_machine():
         DeviceProfile(kind="tpu", name="x")
 
 
+def test_a_cpu_names_its_thread_count_in_words(monkeypatch):
+    """The CPU's description counts its threads in English: '1 thread', '2 threads'."""
+    cpu = DeviceProfile(kind="cpu", name="Test CPU")
+    for threads, words in ((1, "(1 thread, "), (2, "(2 threads, ")):
+        monkeypatch.setattr(torch, "get_num_threads", lambda n=threads: n)
+        assert words in cpu.describe()
+
+
 def test_no_mps_profile_below_macos_14():
     """torch 2.10 and newer have no MPS below macOS 14 (``torch.backends.mps.is_available()``
     is False there; pytorch/pytorch#163515, #177819): such a Mac is a CPU to the course."""

@@ -156,8 +156,27 @@ def _table(section: str) -> list[str]:
     return rows
 
 
-def landing(root: Path, cfg: Settings, lessons: list[str], measured: dict[str, str]) -> str:
-    """The landing page (MyST): the template with the README's lesson and device tables."""
+#: How the outputs came to be, as the pages say it: with ``--executed`` the build runs nothing.
+COMPUTED = {
+    False: "by running the lesson's solution when this site was built",
+    True: (
+        "by a run of the lesson's solution before this site was built (the executed notebooks "
+        "the build was given, such as the test suite's)"
+    ),
+}
+
+
+def landing(
+    root: Path,
+    cfg: Settings,
+    lessons: list[str],
+    measured: dict[str, str],
+    gpu: dict[str, str] | None = None,
+    given: bool = False,
+) -> str:
+    """The landing page (MyST): the template with the README's lesson and device tables, how
+    the outputs were computed (``given``: from executed notebooks the build was given) and which
+    pages also show a GPU run (``gpu``: ``{lesson: the GPU and torch}``)."""
     readme = (root / "README.md").read_text(encoding="utf-8")
     rows = _table(_readme_section(readme, "The lessons"))[2:]
     what = {}
@@ -173,9 +192,19 @@ def landing(root: Path, cfg: Settings, lessons: list[str], measured: dict[str, s
         items.append(f"- [{lesson}](lessons/{lesson}.ipynb): {what.get(lesson, '')}{note}")
     if one:
         items.append(f"\nThe outputs on these pages were measured on {places.pop()}.")
+    by_gpu: dict[str, list[str]] = {}
+    for lesson, label in (gpu or {}).items():
+        by_gpu.setdefault(label, []).append(f"[{lesson}](lessons/{lesson}.ipynb)")
+    for label, pages_of in by_gpu.items():
+        show = "this page shows" if len(pages_of) == 1 else "these pages show"
+        items.append(
+            f"\nBeside those outputs, {show} the outputs of a run on **{label}**: "
+            f"{', '.join(pages_of)}."
+        )
     devices = "\n".join(_table(_readme_section(readme, "Devices")))
     text = (HERE / "templates" / "index.md").read_text(encoding="utf-8")
     text = text.replace("@@LESSONS@@", "\n".join(items))
+    text = text.replace("@@COMPUTED@@", COMPUTED[given])
     text = text.replace("@@TOCTREE@@", "\n".join(f"lessons/{lesson}" for lesson in lessons))
     text = text.replace("@@DEVICES@@", devices)
     for key, value in {
@@ -188,8 +217,11 @@ def landing(root: Path, cfg: Settings, lessons: list[str], measured: dict[str, s
     return text
 
 
-def header(cfg: Settings, lesson: str, page: pages.Page, gpu_labels: list[str]) -> str:
-    """The HTML block under a lesson's title: launch buttons, download, where it was measured."""
+def header(
+    cfg: Settings, lesson: str, page: pages.Page, gpu_labels: list[str], given: bool = False
+) -> str:
+    """The HTML block under a lesson's title: launch buttons, download, where it was measured
+    and how (``given``: from executed notebooks the build was given, not run by it)."""
     notebook = f"lessons/{lesson}/{lesson}.ipynb"
     if page.measured_on:
         where = f"on <strong>{page.measured_on}</strong>"
@@ -207,8 +239,8 @@ def header(cfg: Settings, lesson: str, page: pages.Page, gpu_labels: list[str]) 
         f'<a class="course-download" href="../notebooks/{lesson}.ipynb" '
         f'download="{lesson}.ipynb">Download the notebook</a>\n'
         "</div>\n"
-        f'<p class="course-measured">The outputs on this page were computed {where}, by the '
-        f"lesson's solution, when this site was built.{gpu} Outputs that would show an "
+        f'<p class="course-measured">The outputs on this page were computed {where}, '
+        f"{COMPUTED[given]}.{gpu} Outputs that would show an "
         "exercise's answer are left out: run the notebook to see them.</p>\n"
     )
 
@@ -260,9 +292,10 @@ def build(
     cfg = cfg or settings(root)
     lessons = lessons or lesson_ids(root)
     static = vendor.ensure_vendor(CACHE / "site-vendor")
+    given = executed is not None
     if executed is None:
         executed = execute_solutions(lessons, CACHE / "site-executed")
-    forbidden = leaks.forbidden(root)
+    forbidden = leaks.Matcher(leaks.forbidden(root))
     gpu_runs: dict[str, pages.Results] = {}
     if results is not None:
         if not results.is_dir():
@@ -293,12 +326,18 @@ def build(
             path = find_notebook(executed, lesson)
             ran = _read(path) if path else None
             runs = [gpu_runs[lesson]] if lesson in gpu_runs else []
-            page = pages.compose(release, ran, forbidden, runs)
-            insert_header(page.notebook, header(cfg, lesson, page, [r.label for r in runs]))
+            try:
+                page = pages.compose(release, ran, forbidden, runs)
+            except pages.RepeatError as exc:
+                raise BuildError(f"lessons/{lesson}: {exc}") from None
+            labels = [r.label for r in runs]
+            insert_header(page.notebook, header(cfg, lesson, page, labels, given))
             nbformat.write(page.notebook, src / "lessons" / f"{lesson}.ipynb")
             built.lessons[lesson] = page
         measured = {k: p.measured_on for k, p in built.lessons.items() if p.measured_on}
-        (src / "index.md").write_text(landing(root, cfg, lessons, measured), encoding="utf-8")
+        gpu = {k: r.label for k, r in gpu_runs.items()}
+        index = landing(root, cfg, lessons, measured, gpu, given)
+        (src / "index.md").write_text(index, encoding="utf-8")
         conf = Path(tmp) / "settings.json"
         conf.write_text(
             json.dumps({**cfg.__dict__, "vendor_static": str(static)}), encoding="utf-8"

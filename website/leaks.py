@@ -1,16 +1,18 @@
 """What must never appear on the site, and a reader of everything the site serves.
 
-:func:`forbidden` collects the lines (20 characters or more, whitespace-normalised) of every
-solution region and hidden test in ``solutions/``, of every ``grader/`` module (its judges
-included) and of every example answer in ``tests/variants/``, less the lines that the students
-get anyway (``lessons/``, ``course/``). :func:`site_lines` reads every file under a built site,
-archives unpacked, HTML as its text and JSON strings decoded, so a line is found however the page
-encodes it. The builder uses both as a last guard on each output it shows; the site's leak test
-runs them over the finished site.
+:func:`forbidden` collects the lines (20 characters or more, whitespace-normalised, terminal
+escape codes removed) of every solution region, written answer and hidden test in
+``solutions/``, of every ``grader/`` module (its judges included) and of every example answer in
+``tests/variants/``, less the lines that the students get anyway (``lessons/``, ``course/``).
+:func:`site_lines` reads every file under a built site, archives unpacked, HTML as its text and
+JSON strings decoded, and a forbidden line is found there as a line or inside a longer one (a
+traceback's ``----> 7`` line quoting it), however the page encodes it. The builder uses both as
+a last guard on each output it shows; the site's leak test runs them over the finished site.
 """
 
 from __future__ import annotations
 
+import functools
 import html
 import io
 import json
@@ -28,9 +30,44 @@ REGIONS = (
 )
 
 
+#: Terminal colour and cursor codes (IPython's tracebacks are full of them).
+ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+
+
 def normalise(line: str) -> str:
-    """A line stripped and with its runs of whitespace made single spaces."""
-    return " ".join(line.split())
+    """A line without terminal escape codes, stripped, its runs of whitespace single spaces."""
+    return " ".join(ANSI.sub("", line).split())
+
+
+class Matcher:
+    """Finds which of a set of lines (each :data:`MIN_LENGTH` characters or more, normalised)
+    occur *anywhere* in a text, as a whole line or inside a longer one: a traceback's
+    ``----> 7     x = secret()`` holds ``x = secret()``. Indexed by each line's first
+    :data:`MIN_LENGTH` characters, so a text is read once, whatever the number of lines."""
+
+    def __init__(self, lines: set[str]) -> None:
+        self.by_start: dict[str, list[str]] = {}
+        for line in lines:
+            if len(line) >= MIN_LENGTH:
+                self.by_start.setdefault(line[:MIN_LENGTH], []).append(line)
+
+    def in_line(self, line: str) -> set[str]:
+        """The lines held by ``line`` (already normalised)."""
+        found: set[str] = set()
+        for i in range(len(line) - MIN_LENGTH + 1):
+            for candidate in self.by_start.get(line[i : i + MIN_LENGTH], ()):
+                if line.startswith(candidate, i):
+                    found.add(candidate)
+        return found
+
+    def in_text(self, text: str) -> set[str]:
+        """The lines held by any line of ``text``."""
+        found: set[str] = set()
+        for line in text.splitlines():
+            n = normalise(line)
+            if len(n) >= MIN_LENGTH:
+                found |= self.in_line(n)
+        return found
 
 
 def _lines(text: str) -> set[str]:
@@ -53,39 +90,71 @@ def region_lines(text: str) -> set[str]:
     return found
 
 
-def allowed(root: Path) -> set[str]:
-    """The lines students get anyway: the release's notebooks and files, the course package,
-    and what the student kit adds to them."""
-    lines: set[str] = set()
+def _allowed_texts(root: Path) -> Iterator[str]:
+    """The texts students get anyway: the release's notebooks and files (as the file reads and
+    cell by cell), the course package, and what the student kit adds to them."""
     for path in sorted((root / "lessons").rglob("*")):
         if not path.is_file() or path.suffix not in (".ipynb", ".py", ".md", ".txt", ".json"):
             continue
-        lines |= _lines(path.read_text(encoding="utf-8", errors="replace"))  # as the file reads
+        yield path.read_text(encoding="utf-8", errors="replace")
         if path.suffix == ".ipynb":
             for src in _cell_sources(path):
-                lines |= _lines(src)
+                yield src
+                yield src.replace("`", "")  # prose as the page reads: inline code unmarked
     for path in sorted((root / "course").rglob("*.py")):
-        lines |= _lines(path.read_text(encoding="utf-8"))
+        yield path.read_text(encoding="utf-8")
     # What the student kit writes beside them (grader/package.py): its README and launcher.
-    from grader.package import LAB_PY, README, kit_pyproject
+    from grader.package import HOSTED_DEPENDENCIES, LAB_PY, README, kit_pyproject
 
-    for text in (README, LAB_PY, kit_pyproject(root)):
+    yield from (README, LAB_PY, kit_pyproject(root), kit_pyproject(root, HOSTED_DEPENDENCIES))
+
+
+def allowed(root: Path) -> set[str]:
+    """The lines students get anyway (:func:`_allowed_texts`)."""
+    lines: set[str] = set()
+    for text in _allowed_texts(root):
         lines |= _lines(text)
     return lines
 
 
+def answer_lines(path: Path) -> set[str]:
+    """The lines of a solution notebook that are answers: its solution and hidden-test regions
+    (code cells) and its written answers (markdown cells marked as nbgrader solutions, whose
+    release holds a placeholder instead)."""
+    lines: set[str] = set()
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    for cell in nb.get("cells", []):
+        src = cell.get("source", "")
+        src = "".join(src) if isinstance(src, list) else src
+        lines |= region_lines(src)
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.get("cell_type") == "markdown" and meta.get("solution"):
+            lines |= _lines(src)
+    return lines
+
+
 def forbidden(root: Path) -> set[str]:
-    """Lines of solutions, hidden tests, grader modules, judges and example answers that are not
-    in ``lessons/`` or ``course/``."""
+    """Lines of solutions (code and written answers), hidden tests, grader modules, judges and
+    example answers, less those students get anyway (:func:`not_given`)."""
     lines: set[str] = set()
     for path in sorted((root / "solutions").rglob("*.ipynb")):
-        for src in _cell_sources(path):
-            lines |= region_lines(src)
+        lines |= answer_lines(path)
     for path in sorted((root / "grader").rglob("*.py")):
         lines |= _lines(path.read_text(encoding="utf-8"))
     for path in sorted((root / "tests" / "variants").rglob("*.py")):
         lines |= _lines(path.read_text(encoding="utf-8"))
-    return lines - allowed(root)
+    return not_given(lines, root)
+
+
+def not_given(lines: set[str], root: Path) -> set[str]:
+    """``lines`` less those that students get anyway: a line of ``lessons/`` or ``course/``, or a
+    piece of one (a solution's ``x = y.float()`` that a lesson's prose quotes in a sentence, a
+    message that a visible test cell spells out in its code)."""
+    lines = set(lines)
+    matcher = Matcher(lines)
+    for text in _allowed_texts(root):
+        lines -= matcher.in_text(text)
+    return lines
 
 
 class _Text(HTMLParser):
@@ -178,7 +247,40 @@ def site_lines(site: Path) -> dict[str, set[str]]:
     return found
 
 
+@functools.lru_cache(maxsize=1)
+def _torch_source() -> str:
+    """The installed torch's Python source, one normalised line a line (read once)."""
+    import torch
+
+    lines = []
+    for path in sorted(Path(torch.__file__).parent.rglob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        lines += [n for n in map(normalise, text.splitlines()) if len(n) >= MIN_LENGTH]
+    return "\n".join(lines)
+
+
+def in_torch_source(lines: set[str]) -> set[str]:
+    """Those of ``lines`` that the installed torch's own source holds (as a line or inside one).
+
+    A traceback through torch quotes torch's lines, and a few solution lines are torch's too
+    (lesson 02's loss scaler raises GradScaler's own errors): torch's source is public and
+    installed with the course, so a line of it gives nothing away. Read only when a guard has
+    found something (a clean page costs nothing)."""
+    if not lines:
+        return set()
+    source = _torch_source()
+    return {line for line in lines if line in source}
+
+
 def find_leaks(site: Path, lines: set[str]) -> dict[str, set[str]]:
-    """``{line: files}`` for each of ``lines`` found anywhere in ``site``."""
-    seen = site_lines(site)
-    return {line: seen[line] for line in lines if line in seen}
+    """``{line: files}`` for each of ``lines`` found anywhere in ``site``: as a line of a file
+    or inside one (:class:`Matcher`), unless torch's own source holds it
+    (:func:`in_torch_source`)."""
+    matcher = Matcher({normalise(line) for line in lines})
+    found: dict[str, set[str]] = {}
+    for shown, files in site_lines(site).items():
+        for line in matcher.in_line(shown):
+            found.setdefault(line, set()).update(files)
+    for line in in_torch_source(set(found)):
+        del found[line]
+    return found

@@ -14,11 +14,17 @@ with a note saying to run the notebook, when the cell
 - printed a line of exercise code, hidden tests or grader code (:func:`website.leaks.forbidden`),
   whatever the reason (a cell that writes a learner's function into a script and shows it).
 
+Hiding is transitive: a name that such a cell binds (``t = dtype_table(predict_cuda_dtypes)``)
+is treated as the value itself in later cells. And the build refuses (:class:`RepeatError`) a
+page whose shown outputs repeat a line that a left-out cell printed, whatever the route.
+
 Cells that *call* an exercise's function stay: their outputs are the lesson's experiments,
 computed by the reference function on the lesson's data, which is what a learner sees once their
-function is right (lesson 01's underflow explorer, lesson 09's benchmark and its MFU). The
-exercises are graded on fresh random inputs, so these numbers answer nothing; the function's code
-never appears.
+function is right (lesson 01's underflow explorer, lesson 09's benchmark and its MFU). Some
+graded checks do run the function on the lesson's own data (lesson 01's judge compares
+``underflow_fraction(grads, 1.0)`` on the lesson's gradients within a relative 2**-23), but what
+the page shows are the experiments' rounded figures (the explorer's "underflow: 5.83%"), which
+cannot meet such tolerances, and the function's code never appears.
 
 Widgets are shown from the stored state of the models that the shown outputs display (and the
 models those refer to); the state of any other widget is dropped.
@@ -35,7 +41,7 @@ from dataclasses import dataclass, field
 import nbformat
 from nbformat import NotebookNode
 
-from website.leaks import normalise
+from website.leaks import MIN_LENGTH, Matcher, in_torch_source, normalise
 
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -89,8 +95,32 @@ def names_in(source: str, names: set[str]) -> set[str]:
     return {n for n in names if re.search(rf"(?<![\w.]){re.escape(n)}\b", source)}
 
 
+def bound_names(source: str) -> set[str]:
+    """The names a cell binds at its top level (assignments, loops, ``with ... as``, functions
+    and classes; imports left out): what later cells can read of what it computed."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            continue
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                names.add(sub.id)
+    return names
+
+
 def hidden_cells(release: dict, solution: dict | None) -> dict[str, str]:
-    """``{cell id: note}`` for the release's code cells whose outputs the page leaves out."""
+    """``{cell id: note}`` for the release's code cells whose outputs the page leaves out.
+
+    Hiding is transitive: a name that a cell left out for reading an exercise's value binds
+    (``t = dtype_table(answer)``) holds what it computed from that value, so a later cell that
+    reads it is left out too. Solution and test cells pass nothing on: what they bind is the
+    learner's own (functions that later experiments call) or the tests' scratch names.
+    """
     graded = {}
     for nb in (release, solution or {}):
         for cell in nb.get("cells", []):
@@ -107,6 +137,7 @@ def hidden_cells(release: dict, solution: dict | None) -> dict[str, str]:
             found[cid] = graded[cid]
         elif names_in(_source(cell), values):
             found[cid] = NOTE_ANSWER
+            values |= bound_names(_source(cell))
     return found
 
 
@@ -128,9 +159,13 @@ def output_text(outputs: list[dict]) -> str:
     return "\n".join(parts)
 
 
-def leaks_in(text: str, forbidden: set[str]) -> set[str]:
-    """The lines of ``forbidden`` that ``text`` holds as lines (whitespace-normalised)."""
-    return {n for n in (normalise(line) for line in text.splitlines()) if n in forbidden}
+def leaks_in(text: str, forbidden: set[str] | Matcher) -> set[str]:
+    """The lines of ``forbidden`` that ``text`` holds, as lines or inside longer ones (a
+    traceback's ``----> 7`` line), terminal escape codes and whitespace runs aside; not those
+    that torch's own source holds (:func:`website.leaks.in_torch_source`)."""
+    matcher = forbidden if isinstance(forbidden, Matcher) else Matcher(forbidden)
+    found = matcher.in_text(text)
+    return found - in_torch_source(found)
 
 
 def setup_line(nb: dict | None) -> str | None:
@@ -234,14 +269,57 @@ def _gpu_outputs(outputs: list[dict]) -> list[dict]:
     return kept
 
 
+class RepeatError(ValueError):
+    """A shown output repeats a line that a left-out cell printed (says which cells)."""
+
+
+#: An object's repr (``<Figure size 800x340 with 1 Axes>``): the same whatever a cell computed.
+REPR = re.compile(r"<[A-Za-z_][\w.]*(?: [^<>]*)?>")
+
+
+def printed_lines(outputs: list[dict], devices: list[str] = ()) -> set[str]:
+    """The lines of ``outputs`` that say something: normalised, with a letter or digit, and
+    :data:`~website.leaks.MIN_LENGTH` characters or more once object reprs and the names of the
+    ``devices`` the runs measured on (which every page states) are taken out."""
+    found = set()
+    for line in output_text(outputs).splitlines():
+        n = normalise(line)
+        rest = REPR.sub("", n)
+        for device in devices:
+            rest = rest.replace(device, "")
+        rest = " ".join(rest.split())
+        if len(rest) >= MIN_LENGTH and any(ch.isalnum() for ch in rest):
+            found.add(n)
+    return found
+
+
+#: A markdown heading: its level and its text.
+HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
+
+
+def figure_alt(title: str, section: str, number: int | None) -> str:
+    """A figure's alt text: which lesson, which section and which cell draw it (the plot's own
+    title lives in its pixels)."""
+    plain = [re.sub(r"[`*_]", "", t) for t in (title, section)]
+    where = f", section “{plain[1]}”" if plain[1] and plain[1] != plain[0] else ""
+    cell = f", cell {number}" if number else ""
+    return f"Figure drawn by {plain[0] or 'this lesson'}{where}{cell}"
+
+
 def compose(
     release: dict,
     executed: dict | None,
-    forbidden: set[str],
+    forbidden: set[str] | Matcher,
     results: list[Results] = (),
 ) -> Page:
     """The page's notebook: the release's cells with the executed solution's outputs, answers
-    left out, and each results run's outputs beside."""
+    left out, and each results run's outputs beside.
+
+    Raises :class:`RepeatError` when an output it would show repeats a line that a left-out
+    cell printed (of this run or a results run): the rules above missed a way the answer
+    travels from one cell to another, and the page must not be built until they catch it.
+    """
+    matcher = forbidden if isinstance(forbidden, Matcher) else Matcher(forbidden)
     nb = nbformat.from_dict(copy.deepcopy(release))
     for cell in nb.cells:  # a notebook's file may hold a cell's source as a list of lines
         cell.source = _source(cell)
@@ -250,11 +328,40 @@ def compose(
     result_cells = [
         (r.label, {c.get("id"): c for c in r.notebook.get("cells", [])}) for r in results
     ]
+    for cid, ran in by_id.items():
+        if cid not in hidden and leaks_in(output_text(ran.get("outputs", [])), matcher):
+            hidden[cid] = NOTE_CODE
+    devices = [d for d in [setup_line(executed), *(setup_line(r.notebook) for r in results)] if d]
+    left_out: dict[str, str] = {}  # line -> the left-out cell that printed it
+    for cells_of in [by_id, *(c for _, c in result_cells)]:
+        for cid in hidden:
+            for line in printed_lines(cells_of.get(cid, {}).get("outputs", []), devices):
+                left_out.setdefault(line, cid)
+    number = {c.get("id"): i for i, c in enumerate(release.get("cells", []), 1)}
+
+    def check(cid: str, outputs: list[dict], run: str) -> None:
+        repeated = sorted(printed_lines(outputs, devices) & set(left_out))
+        if repeated:
+            line = repeated[0]
+            raise RepeatError(
+                f"cell {cid} (cell {number.get(cid)} of the release) would show, from {run}, "
+                f"{line!r}, which the left-out cell {left_out[line]} (cell "
+                f"{number.get(left_out[line])}) printed ({len(repeated)} such line(s)): leave "
+                "it out too, or make the lesson print it differently"
+            )
+
     here = setup_line(executed) or "this run"
     shown: list[list[dict]] = []
     cells: list[NotebookNode] = []
+    title, section = "", ""
     for cell in nb.cells:
         cells.append(cell)
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                match = HEADING.match(line)
+                if match:
+                    title = title or match.group(2)
+                    section = match.group(2)
         if cell.cell_type != "code":
             continue
         cell.execution_count = None
@@ -264,22 +371,25 @@ def compose(
             continue
         outputs = merge_streams(ran.get("outputs", []))
         note = hidden.get(cell.id)
-        if note is None and leaks_in(output_text(outputs), forbidden):
-            note = hidden[cell.id] = NOTE_CODE
         if note is not None:
             if outputs:
                 cell.outputs = [_note(note)]
             continue
+        check(cell.id, outputs, here)
         extra = []
         for label, cells_of in result_cells:
             gpu = merge_streams(_gpu_outputs(cells_of.get(cell.id, {}).get("outputs", [])))
-            if gpu and not leaks_in(output_text(gpu), forbidden):
+            if gpu and not leaks_in(output_text(gpu), matcher):
+                check(cell.id, gpu, label)
                 extra += [_label(label, "course-run-gpu"), *gpu]
         if extra and outputs:
             outputs = [_label(here, "course-run-cpu"), *outputs, *extra]
         elif extra:
             outputs = extra
         cell.outputs = [nbformat.from_dict(o) for o in outputs]
+        if any(m.startswith("image/") for o in outputs for m in (o.get("data") or {})):
+            alt = figure_alt(title, section, number.get(cell.id))
+            cell.metadata.setdefault("mystnb", {})["image"] = {"alt": alt}
         if any(WIDGET_VIEW in (o.get("data") or {}) for o in outputs):
             shown.append(outputs)
             cells.append(nbformat.v4.new_markdown_cell(NOTE_WIDGET))
