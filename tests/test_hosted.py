@@ -29,8 +29,20 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 
 from course import selfcheck
+from course.device import (
+    DeviceProfile,
+    amp_dtype,
+    dist_backend,
+    float8_gemm,
+    limits_sentence,
+    needs_scaler,
+    ranks_sentence,
+    start_method,
+    torchrun_ranks,
+)
 from course.selfcheck import HIDDEN, notebook_client
 from tests import hosted
 from tests.conftest import LESSON_IDS, LESSONS, SOLUTIONS
@@ -283,3 +295,49 @@ def test_lesson_runs_on_the_colab_profile(lesson, tmp_path, monkeypatch):
     statuses = ast.literal_eval(listed.group(1))
     assert statuses and all(s == "passed" for _, s in statuses), text[-3000:]
     _record_time(lesson, {"venv": round(venv_s, 1), "lesson and check": round(run_s, 1)})
+
+
+# --------------------------------------------------------------------------------------------
+# What a T4 (Colab; two on Kaggle) can show
+
+
+T4 = DeviceProfile(kind="cuda", name="Tesla T4", capability=(7, 5), gpu_count=1, nccl=True)
+
+
+def test_a_t4_is_float16_with_a_scaler_and_says_what_it_cannot_show():
+    assert amp_dtype(T4) == torch.float16 and needs_scaler(T4)
+    assert not float8_gemm(T4)[0] and "8.9" in float8_gemm(T4)[1]
+    sentence = limits_sentence(T4)
+    assert sentence.startswith(
+        "On this GPU (compute capability 7.5) the lessons show float16 autocast with a "
+        "GradScaler on float16 tensor cores; they cannot show bfloat16 at bfloat16's speed"
+    )
+    assert "TF32" in sentence and "float8 matrix multiplies (8.9+)" in sentence
+    h100 = T4.with_(name="NVIDIA H100 80GB HBM3", capability=(9, 0))
+    assert limits_sentence(h100) == "" and amp_dtype(h100) == torch.bfloat16
+    a100 = T4.with_(name="NVIDIA A100-SXM4-40GB", capability=(8, 0))
+    assert limits_sentence(a100).endswith(
+        "they cannot show float8 matrix multiplies (8.9+): lesson 08 shows float8's numerics only"
+    )
+    assert limits_sentence(DeviceProfile(kind="cpu", name="cpu")) == ""
+
+
+def test_every_lesson_prints_what_a_t4_cannot_show(monkeypatch, capsys):
+    """course.setup, which every lesson calls first, prints the sentence on such a GPU."""
+    import course.device as device
+
+    monkeypatch.setattr(device, "pick_device", lambda prefer=None: torch.device("cpu"))
+    monkeypatch.setattr(device.DeviceProfile, "of", classmethod(lambda cls, d: T4))
+    env = device.setup(seed=0, needs=("float64",))
+    out = capsys.readouterr().out.splitlines()
+    assert env.amp_dtype == torch.float16
+    assert out[0].startswith("Running on CUDA GPU Tesla T4 (compute capability 7.5")
+    assert out[1] == limits_sentence(T4) + "."
+
+
+def test_kaggles_two_t4s_run_lesson_06s_ranks_on_both_with_nccl():
+    two = T4.with_(gpu_count=2)
+    assert dist_backend(two, 2) == "nccl" and torchrun_ranks(two) == 2
+    assert ranks_sentence(two, 2) == "2 ranks on 2 GPUs, backend nccl"
+    assert start_method(two, "nccl") == "forkserver"
+    assert dist_backend(T4, 2) == "gloo"  # Colab's one T4: CPU ranks
