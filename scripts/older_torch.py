@@ -39,8 +39,8 @@ def _no_cpu_scaled_mm(original):
     def scaled_mm(mat_a, *args, **kwargs):
         if mat_a.device.type == "cpu":
             raise NotImplementedError(
-                "Could not run 'aten::_scaled_mm_v2' with arguments from the 'CPU' backend "
-                f"(torch {RELEASE} has no CPU kernel for it)."
+                "Could not run 'aten::_scaled_mm_v2' with arguments from the 'CPU' backend. "
+                f"(Rehearsed: torch {RELEASE} registers no CPU kernel for it.)"
             )
         return original(mat_a, *args, **kwargs)
 

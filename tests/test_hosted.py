@@ -212,6 +212,15 @@ def test_check_my_work_on_kaggle_says_how_to_check_a_download(monkeypatch, tmp_p
 # The Colab-profile run
 
 
+def _solution_without_hidden_tests(lesson: str) -> nbformat.NotebookNode:
+    """The lesson's solution as ``check_my_work`` runs it: hidden-test regions removed."""
+    nb = nbformat.read(SOLUTIONS / lesson / f"{lesson}.ipynb", as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.source = HIDDEN.sub("", cell.source)
+    return nb
+
+
 def _lesson_param(lesson: str):
     marks = [pytest.mark.lesson, pytest.mark.xdist_group("hosted")]
     if lesson not in IN_SUITE:
@@ -222,6 +231,13 @@ def _lesson_param(lesson: str):
             )
         )
     return pytest.param(lesson, marks=marks)
+
+
+def _keep(nb: nbformat.NotebookNode, lesson: str) -> None:
+    """Keep the executed notebook for a person to read: test-artifacts/hosted/LESSON.ipynb."""
+    folder = hosted.ROOT / "test-artifacts" / "hosted"
+    folder.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, folder / f"{lesson}.ipynb")
 
 
 def _record_time(lesson: str, seconds: dict[str, float]) -> None:
@@ -238,10 +254,7 @@ def test_lesson_runs_on_the_colab_profile(lesson, tmp_path, monkeypatch):
     hosted.ensure_venv()
     hosted.uninstall_course()
     venv_s = time.monotonic() - started
-    nb = nbformat.read(SOLUTIONS / lesson / f"{lesson}.ipynb", as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.source = HIDDEN.sub("", cell.source)
+    nb = _solution_without_hidden_tests(lesson)
     setup = hosted.setup_cell(nb)
     at = nb.cells.index(setup)
     before = nbformat.v4.new_code_cell(hosted.INVENTORY)
@@ -274,9 +287,12 @@ def test_lesson_runs_on_the_colab_profile(lesson, tmp_path, monkeypatch):
             )
             client.execute()
             run_s = time.monotonic() - run_started
+    except BaseException:
+        _keep(nb, lesson)
+        raise
     finally:
         hosted.uninstall_course()
-
+    _keep(nb, lesson)
     old, new = hosted.inventory(before), hosted.inventory(after)
     assert hosted.DIST not in old, "the course was installed before the setup cell ran"
     assert "Installed the course's helper package from http://127.0.0.1" in "".join(
@@ -341,3 +357,86 @@ def test_kaggles_two_t4s_run_lesson_06s_ranks_on_both_with_nccl():
     assert ranks_sentence(two, 2) == "2 ranks on 2 GPUs, backend nccl"
     assert start_method(two, "nccl") == "forkserver"
     assert dist_backend(T4, 2) == "gloo"  # Colab's one T4: CPU ranks
+
+
+# --------------------------------------------------------------------------------------------
+# A widget in classic Notebook 6.5.7 (ipywidgets 7's front end, as Colab's)
+
+#: The last cell of the notebook, once it has run, says the run is over.
+_ALL_RAN = """() => {
+    const cells = Jupyter.notebook.get_cells().filter(c => c.cell_type === 'code');
+    const last = cells[cells.length - 1];
+    return typeof last.input_prompt_number === 'number';
+}"""
+
+
+@pytest.mark.browser
+@pytest.mark.xdist_group("hosted")
+def test_lesson_01_widget_responds_in_classic_notebook(tmp_path, browser, shots):
+    """Lesson 01 from a bare Colab-profile kernel in Notebook 6.5.7 with ipywidgets 7.7.1's
+    front end, in headless Chromium: Run All (its setup cell installs the course from the
+    loopback site), then the loss-scale slider, moved with the keyboard, changes the fractions
+    the widget prints; no widget fails to render."""
+    from tests.conftest import free_port, serving
+
+    lesson = "01-number-formats"
+    hosted.ensure_venv()
+    hosted.uninstall_course()
+    nb = _solution_without_hidden_tests(lesson)
+    nb.metadata["kernelspec"] = {"name": hosted.KERNEL, "display_name": "Colab profile"}
+    work = tmp_path / "work"
+    work.mkdir()
+    nbformat.write(nb, work / f"{lesson}.ipynb")
+    hosted.build_site(tmp_path / "site")
+    port, token = free_port(), "hosted-test"
+    try:
+        with hosted.serve(tmp_path / "site") as url:
+            jupyter = hosted.write_kernel(tmp_path / "jupyter", url)
+            env = dict(os.environ, JUPYTER_PATH=str(jupyter), HOME=str(tmp_path))
+            env["JUPYTER_CONFIG_DIR"] = str(tmp_path / "config")
+            env["JUPYTER_RUNTIME_DIR"] = str(tmp_path / "runtime")
+            cmd = [str(hosted.PYTHON), "-m", "notebook", "--no-browser", "--ip=127.0.0.1"]
+            cmd += [f"--port={port}", f"--NotebookApp.token={token}", "--allow-root"]
+            cmd += [f"--NotebookApp.notebook_dir={work}"]
+            log = tmp_path / "notebook.log"
+            with serving(cmd, port, log, "Notebook 6.5.7", 120, env=env, cwd=work):
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                try:
+                    page.goto(
+                        f"http://127.0.0.1:{port}/notebooks/{lesson}.ipynb?token={token}",
+                        timeout=120_000,
+                    )
+                    page.wait_for_function(
+                        "() => window.Jupyter && Jupyter.notebook && Jupyter.notebook.kernel "
+                        "&& Jupyter.notebook.kernel.is_connected()",
+                        timeout=120_000,
+                    )
+                    page.evaluate("() => Jupyter.notebook.execute_all_cells()")
+                    page.wait_for_function(_ALL_RAN, timeout=900_000, polling=1000)
+                    outputs = page.locator(".output_area").all_inner_texts()
+                    assert not any("Error displaying widget" in o for o in outputs)
+                    assert any("Installed the course's helper package" in o for o in outputs)
+                    slider = page.locator(".widget-hslider .ui-slider-handle").first
+                    slider.scroll_into_view_if_needed()
+                    stats = slider.locator("xpath=ancestor::div[contains(@class, 'widget-vbox')]")
+                    html = stats.first.locator(".widget-html-content").first
+                    before = html.inner_text()
+                    assert "underflow" in before and "overflow" in before
+                    slider.focus()
+                    for _ in range(12):
+                        page.keyboard.press("ArrowRight")
+                    page.wait_for_function(
+                        "([el, old]) => el.innerText !== old",
+                        arg=[html.element_handle(), before],
+                        timeout=120_000,
+                    )
+                    after = html.inner_text()
+                    page.screenshot(path=str(shots / "hosted-notebook6-01.png"), full_page=False)
+                finally:
+                    page.close()
+    finally:
+        hosted.uninstall_course()
+    assert "scale = 2" in after and after != before
+    assert not [e for e in errors if "widget" in e.lower()], errors
