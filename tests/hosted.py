@@ -43,7 +43,11 @@ COLAB_PINS: tuple[str, ...] = (
     "torch==2.13.0",
     "torchao==0.10.0",
     "ipywidgets==7.7.1",
-    "widgetsnbextension==3.6.10",
+    # Colab has 3.6.10, whose classic-notebook bundle cannot create an Output widget (it looks
+    # the OutputModel class up in @jupyter-widgets/output 4's exports and finds none: "Could not
+    # create a model"); Colab's own front end does not load it. The classic Notebook that stands
+    # in for Colab's front end here gets 3.6.6, whose Output widget works.
+    "widgetsnbextension==3.6.6",
     "ipython==7.34.0",
     "ipykernel==6.17.1",
     "notebook==6.5.7",

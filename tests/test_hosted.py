@@ -370,6 +370,29 @@ _ALL_RAN = """() => {
 }"""
 
 
+def _wait_for_widget_manager(page, console: list[str], timeout: float = 120.0) -> None:
+    """Wait until ipywidgets 7's notebook manager has looked for the kernel's widgets.
+
+    Made with the kernel, the manager first asks the kernel's ``jupyter.widget.control`` comm
+    for every widget's state; ipywidgets 7.7.1 in the kernel has no such comm, so it logs a
+    warning and asks for the list of comms instead (``comm_info_request``), creating a model for
+    each widget comm it finds. A widget the lesson creates meanwhile is made twice and fails
+    ("Could not create a model"). So: wait for the warning, then for the reply to a
+    ``comm_info_request`` of our own, which the kernel answers after the manager's."""
+    page.wait_for_function(
+        "() => Jupyter.notebook.kernel && Jupyter.notebook.kernel.widget_manager",
+        timeout=timeout * 1000,
+    )
+    deadline = time.monotonic() + timeout
+    while not any("jupyter.widget.control" in line for line in console):
+        assert time.monotonic() < deadline, "the widget manager never asked the kernel"
+        page.wait_for_timeout(200)
+    page.evaluate(
+        "() => new Promise(done => Jupyter.notebook.kernel.send_shell_message("
+        "'comm_info_request', {}, {shell: {reply: done}}))"
+    )
+
+
 @pytest.mark.browser
 @pytest.mark.xdist_group("hosted")
 def test_lesson_01_widget_responds_in_classic_notebook(tmp_path, browser, shots):
@@ -403,6 +426,8 @@ def test_lesson_01_widget_responds_in_classic_notebook(tmp_path, browser, shots)
                 page = browser.new_page(viewport={"width": 1280, "height": 900})
                 errors: list[str] = []
                 page.on("pageerror", lambda exc: errors.append(str(exc)))
+                console: list[str] = []
+                page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
                 try:
                     page.goto(
                         f"http://127.0.0.1:{port}/notebooks/{lesson}.ipynb?token={token}",
@@ -413,8 +438,12 @@ def test_lesson_01_widget_responds_in_classic_notebook(tmp_path, browser, shots)
                         "&& Jupyter.notebook.kernel.is_connected()",
                         timeout=120_000,
                     )
+                    _wait_for_widget_manager(page, console)
                     page.evaluate("() => Jupyter.notebook.execute_all_cells()")
                     page.wait_for_function(_ALL_RAN, timeout=900_000, polling=1000)
+                    page.screenshot(path=str(shots / "hosted-notebook6-01-ran.png"))
+                    (shots / "hosted-notebook6-01.html").write_text(page.content())
+                    (shots / "hosted-notebook6-01.console").write_text("\n".join(console + errors))
                     outputs = page.locator(".output_area").all_inner_texts()
                     assert not any("Error displaying widget" in o for o in outputs)
                     assert any("Installed the course's helper package" in o for o in outputs)
@@ -424,19 +453,27 @@ def test_lesson_01_widget_responds_in_classic_notebook(tmp_path, browser, shots)
                     html = stats.first.locator(".widget-html-content").first
                     before = html.inner_text()
                     assert "underflow" in before and "overflow" in before
+                    plot = stats.first.locator("img").first
+                    plot_before = plot.get_attribute("src")
                     slider.focus()
                     for _ in range(12):
                         page.keyboard.press("ArrowRight")
+                    # Twelve steps right: log2(scale) 0 -> 12, the scale 4096.
                     page.wait_for_function(
-                        "([el, old]) => el.innerText !== old",
-                        arg=[html.element_handle(), before],
+                        "(el) => el.innerText.includes('= 4096')",
+                        arg=html.element_handle(),
                         timeout=120_000,
                     )
                     after = html.inner_text()
+                    page.wait_for_function(
+                        "([img, old]) => img.getAttribute('src') !== old",
+                        arg=[plot.element_handle(), plot_before],
+                        timeout=120_000,
+                    )
                     page.screenshot(path=str(shots / "hosted-notebook6-01.png"), full_page=False)
                 finally:
                     page.close()
     finally:
         hosted.uninstall_course()
-    assert "scale = 2" in after and after != before
+    assert "= 4096" in after and after != before
     assert not [e for e in errors if "widget" in e.lower()], errors
