@@ -485,6 +485,43 @@ def amp_sentence(profile: DeviceProfile) -> str:
     return "float16 autocast with a GradScaler: this GPU has no native bfloat16 arithmetic"
 
 
+def limits_sentence(profile: DeviceProfile) -> str:
+    """What the lessons can and cannot show on this NVIDIA GPU, in one sentence; ``""`` on a GPU
+    that lacks nothing the course measures, and off NVIDIA GPUs (lesson 01).
+
+    A T4 (compute capability 7.5, Colab's and Kaggle's free GPU) has float16 tensor cores and
+    nothing newer: bfloat16 runs there only emulated, although ``torch.cuda.is_bf16_supported()``
+    answers True (it counts emulation: a bfloat16 tensor can be made; its
+    ``including_emulation=False`` answers False below 8.0); TF32 needs 8.0, float8 matrix
+    multiplies 8.9.
+    """
+    if profile.kind != "cuda" or profile.capability is None:
+        return ""
+    cannot = []
+    if not profile.native_bf16:
+        cannot.append(
+            "bfloat16 at bfloat16's speed (it runs emulated: bfloat16 tensor cores start at "
+            "compute capability 8.0, though torch.cuda.is_bf16_supported() says True, counting "
+            "emulation)"
+        )
+    if not profile.tf32:
+        cannot.append("TF32 float32 matmuls (8.0+)")
+    if not profile.fp8_formats:
+        cannot.append("float8 matrix multiplies (8.9+): lesson 08 shows float8's numerics only")
+    if not cannot:
+        return ""
+    cc = f"{profile.capability[0]}.{profile.capability[1]}"
+    if profile.native_bf16:
+        can = "bfloat16 and float16 autocast on tensor cores"
+    else:
+        can = "float16 autocast with a GradScaler" + (
+            " on float16 tensor cores" if profile.fp16_tensor_cores else ""
+        )
+    return f"On this GPU (compute capability {cc}) the lessons show {can}; they cannot show " + (
+        "; ".join(cannot)
+    )
+
+
 def float8_gemm(profile: DeviceProfile) -> tuple[bool, str]:
     """Whether lesson 08 times real float8 matrix multiplies (``scaled_mm``) here, and why.
 
@@ -776,4 +813,7 @@ def setup(
         print(f"Running on {env.description}; seed {seed}.")
         if why:
             print(f"({machine.describe()} found, but {why}.)")
+        limits = limits_sentence(profile)
+        if limits:
+            print(f"{limits}.")
     return env

@@ -20,9 +20,12 @@ fresh random inputs.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -241,7 +244,50 @@ def report(results: list[ExerciseResult], out=None) -> str:
     return text
 
 
+#: The prefix of the temporary folder holding a copy of a Colab notebook (:func:`_colab_notebook`).
+_COLAB_COPY = "check-my-work-colab-"
+#: What :func:`check_my_work` says on Kaggle, whose notebooks live outside the runtime's disk.
+KAGGLE_HELP = (
+    "On Kaggle this notebook is not a file the runtime can read, so check a saved copy: "
+    "File > Download Notebook, then either run `python -m course.selfcheck NN-topic.ipynb` on "
+    "a machine with the course installed, or upload the file to this notebook's inputs (the "
+    "Input panel's Upload) and call check_my_work('/kaggle/input/<your upload>/NN-topic.ipynb')."
+)
+
+
+def _colab_notebook(timeout: float = 60.0) -> Path | None:
+    """On Colab, the open notebook as it is now, written to a temporary folder; else None.
+
+    Colab keeps notebooks in Drive, not on the runtime's disk, so no file path is known. Its
+    front end hands the notebook's JSON to the kernel on request: ``google.colab._message``'s
+    ``blocking_request("get_ipynb")`` answers ``{"ipynb": {...}}``, or None when it does not
+    answer within ``timeout`` seconds.
+    """
+    try:
+        from google.colab import _message  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    try:
+        reply = _message.blocking_request("get_ipynb", timeout_sec=timeout)
+    except Exception:  # noqa: BLE001 - the front end refused: fall back to the other ways
+        return None
+    content = reply.get("ipynb") if isinstance(reply, dict) else None
+    if not isinstance(content, dict):
+        return None
+    # Colab's cell sources are lists of lines, as on disk: nbformat joins them when it reads.
+    nb = nbformat.reads(json.dumps(content), as_version=4)
+    name = str(nb.metadata.get("colab", {}).get("name", ""))
+    if not re.fullmatch(r"[\w.-]+\.ipynb", name):
+        name = "notebook.ipynb"
+    path = Path(tempfile.mkdtemp(prefix=_COLAB_COPY)) / name
+    nbformat.write(nb, path)
+    return path
+
+
 def _find_notebook() -> Path | None:
+    colab = _colab_notebook()
+    if colab is not None:
+        return colab
     session = os.environ.get("JPY_SESSION_NAME")
     if session and session.endswith(".ipynb") and Path(session).is_file():
         return Path(session)
@@ -259,15 +305,31 @@ def _find_notebook() -> Path | None:
 
 
 def check_my_work(path: str | Path | None = None) -> list[ExerciseResult]:
-    """Check the (saved) notebook you are working in and print what passes; see the module."""
+    """Check the (saved) notebook you are working in and print what passes; see the module.
+
+    On Colab the notebook is read from Colab's front end as it is now (saved or not); on Kaggle,
+    where neither is possible, it says how to check a downloaded copy (:data:`KAGGLE_HELP`).
+    """
     if os.environ.get(_RUNNING):
         return []
     nb_path = Path(path) if path else _find_notebook()
     if nb_path is None:
-        print("Could not tell which notebook this is: call check_my_work('NN-topic.ipynb').")
+        if os.environ.get("KAGGLE_KERNEL_RUN_TYPE"):
+            print(KAGGLE_HELP)
+        else:
+            print("Could not tell which notebook this is: call check_my_work('NN-topic.ipynb').")
         return []
-    print(f"Checking the saved {nb_path.name} in a fresh kernel (save first: Ctrl-S)...")
-    results = check_notebook(nb_path)
+    colab = nb_path.parent.name.startswith(_COLAB_COPY)
+    if colab:
+        print(f"Checking {nb_path.name} as Colab has it now, in a fresh kernel...")
+    else:
+        print(f"Checking the saved {nb_path.name} in a fresh kernel (save first: Ctrl-S)...")
+    try:
+        # An int: the traitlets of Colab's runtime (5.7) refuse a float for nbclient's timeout.
+        results = check_notebook(nb_path, timeout=600)
+    finally:
+        if colab:
+            shutil.rmtree(nb_path.parent, ignore_errors=True)
     report(results, out=sys.stdout)
     return results
 

@@ -62,7 +62,8 @@ sys.path.insert(0, str(ROOT))
 from course.device import DeviceProfile, describe_device  # noqa: E402
 
 #: APIs of torch 2.13 that the course or its prose names, each with what the course does where
-#: torch lacks it. Probed by :func:`torch_features`.
+#: torch lacks it. Probed by :func:`torch_features`. Torch 2.11 has every one (read from its
+#: wheel); what 2.11 lacks is listed in ``scripts/older_torch.py``.
 FEATURES: tuple[tuple[str, str], ...] = (
     ("torch.nn.functional.scaled_mm", "lesson 08 calls torch._scaled_mm, which older torch has"),
     ("torch.nn.functional.ScalingType", "named in lesson 08's prose only"),
@@ -122,39 +123,15 @@ def torch_features() -> dict[str, bool]:
 
 
 def hide_newer_apis() -> list[str]:
-    """Remove from this process the APIs of :data:`FEATURES` an older torch may lack (the
-    rehearsal of a run under such a torch, ``--hide-newer-apis``); returns what it hid."""
-    hidden = []
-    for name in ("scaled_mm", "ScalingType", "SwizzleType"):
-        if hasattr(F, name):
-            delattr(F, name)
-            hidden.append(f"torch.nn.functional.{name}")
-    for holder, label in (
-        (torch.backends.cuda, "torch.backends.cuda.matmul"),
-        (torch.backends.cudnn, "torch.backends.cudnn.conv"),
-    ):
-        attr = label.rsplit(".", 1)[1]
-        original = getattr(holder, attr, None)
-        if original is None:
-            continue
+    """Make this process's torch behave as torch 2.11, the oldest the course runs on, where the
+    course can tell (``scripts/older_torch.py``: what 2.11 lacks, read from its wheel): the
+    rehearsal of a run under it, ``--hide-newer-apis``. Returns what it changed."""
+    import importlib.util
 
-        class _Without:
-            def __init__(self, inner):
-                object.__setattr__(self, "_inner", inner)
-
-            def __getattr__(self, key):
-                if key == "fp32_precision":
-                    raise AttributeError(key)
-                return getattr(self._inner, key)
-
-            def __setattr__(self, key, value):
-                if key == "fp32_precision":
-                    raise AttributeError(key)
-                setattr(self._inner, key, value)
-
-        setattr(holder, attr, _Without(original))
-        hidden.append(f"{label}.fp32_precision")
-    return hidden
+    spec = importlib.util.spec_from_file_location("older_torch", ROOT / "scripts/older_torch.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.hide_newer_apis()
 
 
 class Report:
@@ -959,7 +936,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--hide-newer-apis",
         action="store_true",
-        help="rehearse an older torch: hide the torch 2.13 APIs it may lack",
+        help="rehearse torch 2.11: take away what it lacks (scripts/older_torch.py)",
     )
     parser.add_argument(
         "--bundle",
@@ -1060,7 +1037,7 @@ def _check(args: argparse.Namespace, work: Path) -> int:
     device = torch.device("cuda" if cuda else "cpu")
     print(f"gpu_check on {describe_device(device)}, Python {sys.version.split()[0]}", flush=True)
     if hidden:
-        report.line("INFO", "rehearsing an older torch", "hidden: " + ", ".join(hidden))
+        report.line("INFO", "rehearsing torch 2.11", "taken away: " + ", ".join(hidden))
     features = torch_features()
     lacks = [f"{n} ({why})" for n, why in FEATURES if not features[n]]
     report.line(

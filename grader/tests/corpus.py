@@ -1491,8 +1491,8 @@ def kind_attack_notebook(
     path: str, marker: Path, secret_paths: list[Path], solutions: Path
 ) -> tuple[nbformat.NotebookNode, dict[int, str | None]]:
     """One submission attacking every lesson of ``KIND_PATHS[path]``: the kit, then per lesson
-    its setup cell (the first code cell: the only one the exercise and its test need; less
-    ``KIND_UNNEEDED``), the
+    its setup cell (the first code cell that imports the course, after the hosted-notebook
+    setup: the only one the exercise and its test need; less ``KIND_UNNEEDED``), the
     attacked solution cell and the test cell as nbgrader restores it (hidden part included),
     then the control. Returns the notebook and ``{test cell index: lesson}`` (None: the control).
 
@@ -1506,7 +1506,9 @@ def kind_attack_notebook(
     for lesson, channel in KIND_PATHS[path].items():
         grade_id, name, method = KIND_EXERCISES[lesson]
         source = nbformat.read(solutions / lesson / f"{lesson}.ipynb", as_version=4)
-        setup = next(c for c in source.cells if c.cell_type == "code")
+        setup = next(
+            c for c in source.cells if c.cell_type == "code" and "import course" in c.source
+        )
         setup.source = _without(setup.source, KIND_UNNEEDED.get(lesson, ()))
         answer, test = _cell(source, grade_id), _cell(source, f"{grade_id}_tests")
         answer.source = kind_attack_source(grade_id, name, method, channel, answer.source)
