@@ -1,25 +1,12 @@
 """Unfair-grade audit: does a correct answer ever lose a point, or a wrong one earn one, on a seed?
 
-``python -m grader.audit LESSON [--seeds N] [--time-cap S] [--exercise ID] [--variants]``
-executes the lesson's source notebook (``solutions/``, hidden tests included) once in one kernel
-(:class:`grader.seam.LessonKernel`), then, for every exercise, re-runs its solution cell and its
-test cell on up to ``N`` seeds (default 200), each seed a fresh random grading key, so each run's
-hidden tests draw new inputs from ``course.checks.hidden_seed``. With ``--variants`` every
-variant of ``tests/variants/lNN_*.py`` runs on the same seeds: the valid ones (``VALID``) and the
-wrong ones (``VARIANTS``), each replacing its exercise's solution cell and run only as far as that
-exercise's test cell (:meth:`grader.seam.LessonKernel.run_exercise`).
-
-A run is unfair when a correct version (the solution, a valid variant) does not earn the test
-cell's full points, or when a wrong variant's test cell earns anything (any point above zero):
-a wrong answer that scores on some students' seeds is unfair to the others. The report gives, per
-exercise, both counts and the time, then every unfair run with its seed, the key and student that
-reproduce it (``--variant NAME --key K --student S`` replays one) and the message. Exit status 1
-when any was found.
-
-``--time-cap S`` (default 600 s per exercise; 0: none) stops an exercise before the seed round
-that would not fit, and the report says how many seeds it managed; ``--quick`` is 3 seeds and a
-60 s cap. Zero unfair runs in ``N`` seeds only bounds the rate (below about ``3/N`` with 95%
-confidence). This is not a timed test: a full audit takes minutes per lesson.
+``python -m grader.audit LESSON [--seeds N] [--time-cap S] [--exercise ID] [--variants]`` runs
+the lesson's source notebook once in one kernel (:class:`grader.seam.LessonKernel`), then each
+exercise's solution and test cell on up to ``N`` fresh grading keys; with ``--variants`` also
+every valid and wrong variant of ``tests/variants/lNN_*.py`` and each solution made to warn and
+to log (:func:`make_noisy`). A run is unfair when a correct version loses a point or a wrong one
+earns one; the report lists each with the key and student that replay it. Exit status 1 when any
+was found. Zero unfair runs in ``N`` seeds bounds the rate below about ``3/N`` (95%).
 """
 
 from __future__ import annotations

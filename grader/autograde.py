@@ -1,27 +1,13 @@
 """Parallel, sandboxed, resumable autograding of one lesson's submissions.
 
-The parent process owns the real gradebook (``db_url``, SQLite or PostgreSQL). For each
-submission a worker:
-
-1. copies a *template* course (config + a gradebook holding only this lesson, made once per run
-   by ``nbgrader generate_assignment``) into a private scratch folder, with only the student's
-   ``.ipynb`` as the submission;
-2. checks the notebook can be graded at all (readable JSON, cells, this lesson's exercise ids);
-   otherwise the result is a *rejected* row with the reason and zero points;
-3. runs ``nbgrader autograde`` there with :class:`grader.execute.SandboxedExecute` (the kernel
-   runs in the sandbox; nbgrader restores hidden tests, re-adds deleted test cells and scores),
-   in a fresh child forked by the worker's warm nbgrader (:mod:`grader.forkserver`), so nbgrader's
-   imports are paid once per worker, not once per submission;
-4. writes the scores, statuses and the autograded notebook into ``.grader/<lesson>/`` (atomic
-   rename), keyed by a hash of the submission and the lesson.
-
-The parent merges each result into the real gradebook and ``autograded/`` as it arrives, and
-marks it merged. A re-run skips every submission whose key already has a merged result, merges
-results that were written but not merged (an interruption between the two), and grades the rest:
-nothing is graded twice, nothing is lost, ``submitted/`` is only ever read.
-
-``shard=(i, n)`` grades the students whose stable hash falls in share ``i`` of ``n`` (1-based),
-so several machines can grade one class into one PostgreSQL gradebook.
+For each submission a worker copies a template course (config and a gradebook holding only this
+lesson) into a scratch folder with only the student's ``.ipynb``, rejects what cannot be graded
+(with the reason, zero points), runs ``nbgrader autograde`` there with
+:class:`grader.execute.SandboxedExecute` and writes the result atomically to
+``.grader/<lesson>/results/``, keyed by hashes of the submission and the lesson. The parent alone
+merges results into the real gradebook (``db_url``: SQLite or PostgreSQL) and ``autograded/``. A
+re-run grades only what has no result for its key and merges what was written but not merged;
+``submitted/`` is only read. ``shard=(i, n)`` grades share ``i`` of ``n`` of the students.
 """
 
 from __future__ import annotations
@@ -48,6 +34,7 @@ from grader.keys import ensure_key, kernel_env
 from grader.nbtools import nbgrader, tool_env
 from grader.release import copy_course_skeleton
 from grader.sandbox import Limits, Settings, course_dir
+from grader.settings import CELL_LIMITS_ENV, EVENTS_ENV, SANDBOX_ENV
 
 #: Student ids that are safe as folder names (no path characters, no leading dot).
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,99}$")
@@ -289,9 +276,9 @@ def grade_one(
         if stamp.is_file():
             shutil.copy2(stamp, dest / "timestamp.txt")
         events = scratch / "events.json"
-        env = tool_env({"GRADER_SANDBOX": settings.to_env(), "GRADER_EVENTS": str(events)})
+        env = tool_env({SANDBOX_ENV: settings.to_env(), EVENTS_ENV: str(events)})
         if calibration:
-            env["GRADER_CELL_LIMITS"] = json.dumps(calibration)
+            env[CELL_LIMITS_ENV] = json.dumps(calibration)
         argv = ["autograde", template.lesson, f"--student={student}", "--create", "--force"]
         timeout = settings.limits.notebook_timeout + 600
         launched = time.monotonic()

@@ -1,28 +1,12 @@
 """Benchmark: plain serial ``nbgrader autograde`` against this grader, on one synthetic class.
 
-``python -m grader.benchmark [--submissions 20] [--workers N] [--lesson 01-number-formats]
-[--grader-only]``
-
-The class is the lesson's solution notebook and its wrong variants (tests/variants), repeated to
-``--submissions`` students, so it is a mix of right and wrong answers. In one run it measures:
-
-1. bare execution: the solution notebook executed once with nbclient (no nbgrader, no sandbox);
-2. plain nbgrader: every submission autograded serially by ``nbgrader autograde`` (the reference
-   path of :mod:`grader.gradebook`);
-3. this grader: the same submissions through :func:`grader.autograde.autograde` (sandboxed,
-   ``--workers`` in parallel);
-
-(``--grader-only`` skips 2: a long stall hunt over hundreds of submissions) and prints seconds
-per submission for 2 and 3, their ratio, and the grader's per-submission
-overhead over bare execution (the mean time one worker spent on a submission minus 1), then a
-table of where that worker time goes (nbgrader's start, the sandbox, kernel start, the grader's
-prelude, the notebook's cells, the graded test cells with their fork and restore, shutdown,
-nbgrader's scoring; stamps written by :func:`grader.execute.record_timing`). It also checks both
-graders gave every submission the same scores. Not a test: nothing here asserts
-timing. On a shared machine the figures move with the load; compare them within one run. Every
-kernel gets the same thread budget (``cores // workers`` BLAS/OpenMP threads, what the grader
-gives each sandbox) unless ``--default-threads``: on a loaded machine torch's default threads
-oversubscribe the cores and make plain nbgrader look far slower than parallelism explains.
+``python -m grader.benchmark [--submissions 20] [--workers N] [--lesson ID] [--grader-only]``
+grades the lesson's solution and its wrong variants, repeated to ``--submissions`` students, with
+plain serial nbgrader and with :func:`grader.autograde.autograde`, checks both gave the same
+scores, and prints seconds per submission for each, their ratio, one worker's overhead over bare
+nbclient execution and where that worker's time goes (stamps from
+:func:`grader.execute.record_timing`). Every kernel gets ``cores // workers`` threads unless
+``--default-threads``. Not a test: nothing asserts timing; compare figures within one run.
 """
 
 from __future__ import annotations
@@ -40,6 +24,7 @@ from pathlib import Path
 import nbformat
 
 from grader import REPO_ROOT
+from grader.settings import TIMING_ENV
 
 
 def _variants(lesson: str) -> dict[str, tuple[str, str]]:
@@ -285,13 +270,13 @@ def main(argv: list[str] | None = None) -> int:
             dest.mkdir(parents=True)
             shutil.copy2(path, dest / path.name)
         timing = tmp / "timing.jsonl"
-        os.environ["GRADER_TIMING"] = str(timing)  # grader.execute appends each run's phases
+        os.environ[TIMING_ENV] = str(timing)  # grader.execute appends each run's phases
         start = time.perf_counter()
         outcomes = autograde(
             args.lesson, course, workers=args.workers, mode=mode, progress=args.grader_only
         )
         grader_s = time.perf_counter() - start
-        del os.environ["GRADER_TIMING"]
+        del os.environ[TIMING_ENV]
         per_worker = sum(o.seconds for o in outcomes) / max(1, len(outcomes))
         phases = worker_phases(timing) if timing.is_file() else []
         slowest = slow_cells(timing) if timing.is_file() else []

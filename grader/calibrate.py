@@ -1,22 +1,10 @@
 """Per-cell time limits calibrated from the solution, measured on the grading machine.
 
-``python -m grader calibrate ID`` executes ``solutions/ID/ID.ipynb`` (solutions and hidden tests)
-in the same sandbox, with the same thread count and the same restore before each graded test cell
-as ``autograde``, and times every code cell. Each cell's limit is ``factor`` x its measured time
-(the slowest of ``runs`` runs), at least ``floor`` seconds, rounded up to a whole second. The
-result is written to ``.grader/ID/calibration.json`` (machine state, like the gradebook: never in
-``lessons/`` or ``solutions/``, so ``release`` stays deterministic).
-
-Which limit a cell of a *submission* gets:
-
-* a cell with an nbgrader ``grade_id`` (every solution cell, test cell and written answer) gets
-  the limit of the solution's cell with that id;
-* any other code cell gets the limit of the solution's cell with the same source (the release
-  does not change those cells), and a cell the solution does not have (added or edited by the
-  student) gets ``other_limit_s``: the largest limit of the solution's cells without a grade id.
-
-The notebook's limit is the sum of the limits of the solution's code cells. A hanging submission
-therefore costs at most a few calibrated cell limits, not 300 s per cell.
+``python -m grader calibrate ID`` executes ``solutions/ID/ID.ipynb`` as ``autograde`` executes a
+submission and times every code cell. A cell's limit is ``factor`` x its slowest measured time,
+at least ``floor`` s, written to ``.grader/ID/calibration.json``. A submission's cell gets the
+limit of the solution's cell with the same grade id, else with the same source, else
+``other_limit_s``; the notebook's limit is the sum of the solution's cells' limits.
 """
 
 from __future__ import annotations
@@ -41,6 +29,7 @@ from grader.cells import (
     timeouts_from_answer,
 )
 from grader.sandbox import Limits, Settings, course_dir, execute
+from grader.settings import default
 
 __all__ = [
     "calibrate",
@@ -66,7 +55,9 @@ def calibration_path(root: Path, lesson: str) -> Path:
 
 
 def limits_from(
-    measured: list[dict], factor: float = 10.0, floor: float = 20.0
+    measured: list[dict],
+    factor: float = default("calibration_factor"),  # type: ignore[assignment]
+    floor: float = default("calibration_floor"),  # type: ignore[assignment]
 ) -> dict[str, object]:
     """The calibration's limits from measured cells (``{"key", "label", "seconds"}`` each)."""
     cells: dict[str, dict[str, object]] = {}
@@ -95,8 +86,8 @@ def measure(
     workers: int | None = None,
     mode: str = "bwrap",
     runs: int = 1,
-    cell_timeout: float = 300.0,
-    notebook_timeout: float = 1800.0,
+    cell_timeout: float = Limits.cell_timeout,
+    notebook_timeout: float = Limits.notebook_timeout,
 ) -> tuple[list[dict], int]:
     """Run the solution ``runs`` times as autograde runs a submission; per-cell times.
 
@@ -147,8 +138,8 @@ def measure(
 def calibrate(
     root: Path,
     lesson: str,
-    factor: float = 10.0,
-    floor: float = 20.0,
+    factor: float = default("calibration_factor"),  # type: ignore[assignment]
+    floor: float = default("calibration_floor"),  # type: ignore[assignment]
     runs: int = 1,
     workers: int | None = None,
     mode: str = "bwrap",

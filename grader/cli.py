@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grader import REPO_ROOT
+
+if TYPE_CHECKING:
+    from grader.sandbox import Limits
 
 
 def _cmd_release(args: argparse.Namespace) -> int:
@@ -124,9 +128,22 @@ def _course_note(root: Path) -> None:
         )
 
 
+def autograde_limits(args: argparse.Namespace, root: Path, calibration: dict | None) -> Limits:
+    """The limits ``autograde`` grades with: the options given, else the calibrated notebook
+    limit, else the course's ``GraderSettings``."""
+    from grader.sandbox import Limits
+    from grader.settings import configured
+
+    given = {n: getattr(args, n) for n in ("cell_timeout", "memory_mb", "nproc", "fsize_mb")}
+    given["notebook_timeout"] = args.notebook_timeout
+    if args.notebook_timeout is None and calibration:
+        given["notebook_timeout"] = calibration["notebook_limit_s"]
+    return Limits.of(configured(root), **{k: v for k, v in given.items() if v is not None})
+
+
 def _cmd_autograde(args: argparse.Namespace) -> int:
     from grader.autograde import autograde
-    from grader.sandbox import Limits, SandboxUnavailable, require_isolation
+    from grader.sandbox import SandboxUnavailable, require_isolation
 
     root = Path(args.root).resolve()
     try:
@@ -157,16 +174,7 @@ def _cmd_autograde(args: argparse.Namespace) -> int:
                 f"notebook {calibration['notebook_limit_s']:g} s",
                 file=sys.stderr,
             )
-    notebook_timeout = args.notebook_timeout
-    if notebook_timeout is None:
-        notebook_timeout = calibration["notebook_limit_s"] if calibration else 1800.0
-    limits = Limits(
-        cell_timeout=args.cell_timeout if args.cell_timeout is not None else 300.0,
-        notebook_timeout=notebook_timeout,
-        memory_mb=args.memory_mb,
-        nproc=args.nproc,
-        fsize_mb=args.fsize_mb,
-    )
+    limits = autograde_limits(args, root, calibration)
     try:
         outcomes = autograde(
             args.lesson,
@@ -217,6 +225,7 @@ def _cmd_autograde(args: argparse.Namespace) -> int:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from grader.calibrate import calibrate, calibration_path, report
     from grader.sandbox import SandboxUnavailable, require_isolation
+    from grader.settings import configured
 
     root = Path(args.root).resolve()
     try:
@@ -225,12 +234,15 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 3
     _course_note(root)
+    settings = configured(root)
     try:
         data = calibrate(
             root,
             args.lesson,
-            factor=args.factor,
-            floor=args.floor,
+            factor=args.calibration_factor or settings.calibration_factor,
+            floor=settings.calibration_floor
+            if args.calibration_floor is None
+            else args.calibration_floor,
             runs=args.runs,
             workers=args.workers,
             mode=mode,
@@ -348,26 +360,47 @@ def _cmd_hub(args: argparse.Namespace) -> int:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m grader",
-        description="Release, collect, grade and report the mixed precision course.",
+def _setting(
+    p: argparse.ArgumentParser,
+    name: str,
+    what: str | None = None,
+    flag: str | None = None,
+    calibrated: bool = False,
+) -> None:
+    """An option for the setting ``name`` of :class:`grader.settings.GraderSettings`: unset, the
+    course's ``c.GraderSettings.NAME`` (its ``nbgrader_config.py``) or the built-in default."""
+    from grader.settings import GraderSettings, default
+
+    trait = GraderSettings.class_traits()[name]
+    kind = type(default(name))
+    help_ = what or str(trait.help)
+    flag = flag or "--" + name.replace("_", "-")
+    p.add_argument(
+        flag,
+        dest=name,
+        metavar=flag.strip("-").replace("-", "_").upper(),
+        type=kind,
+        default=None,
+        help=f"{help_} (default: {'the calibrated limit, else ' if calibrated else ''}"
+        f"c.GraderSettings.{name} in nbgrader_config.py, {default(name)})",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def common(p: argparse.ArgumentParser, db: bool = False) -> None:
+
+def _common(p: argparse.ArgumentParser, db: bool = False) -> None:
+    """Arguments every command that works on a course directory takes."""
+    p.add_argument("--root", default=str(REPO_ROOT), help="course directory (default: this repo)")
+    if db:
         p.add_argument(
-            "--root", default=str(REPO_ROOT), help="course directory (default: this repo)"
+            "--db-url",
+            default=None,
+            help="nbgrader gradebook URL (default: sqlite:///ROOT/gradebook.db; "
+            "postgresql+psycopg2://USER@HOST/DB to share one gradebook between machines: "
+            "the driver must be named, a bare postgresql:// needs psycopg 3)",
         )
-        if db:
-            p.add_argument(
-                "--db-url",
-                default=None,
-                help="nbgrader gradebook URL (default: sqlite:///ROOT/gradebook.db; "
-                "postgresql+psycopg2://USER@HOST/DB to share one gradebook between machines: "
-                "the driver must be named, a bare postgresql:// needs psycopg 3)",
-            )
 
+
+def _add_release(sub: argparse._SubParsersAction) -> None:
+    """The ``release`` command's arguments."""
     p = sub.add_parser(
         "release",
         help="regenerate lessons/ from solutions/ through nbgrader",
@@ -385,9 +418,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ID",
         help="release only this lesson (repeatable); the others stay as they are",
     )
-    common(p)
+    _common(p)
     p.set_defaults(func=_cmd_release)
 
+
+def _add_package(sub: argparse._SubParsersAction) -> None:
+    """The ``package`` command's arguments."""
     p = sub.add_parser(
         "package",
         help="zip what students get: lessons/, course/, requirements, README",
@@ -402,9 +438,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ID",
         help="only this released lesson (repeatable; default: every lesson in lessons/)",
     )
-    common(p)
+    _common(p)
     p.set_defaults(func=_cmd_package)
 
+
+def _add_intake(sub: argparse._SubParsersAction) -> None:
+    """The ``intake`` command's arguments."""
     p = sub.add_parser(
         "intake",
         help="collect submissions from an LMS zip or nbgrader's exchange into submitted/",
@@ -454,9 +493,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replace an existing different submission (the old one is archived)",
     )
-    common(p, db=True)
+    _common(p, db=True)
     p.set_defaults(func=_cmd_intake)
 
+
+def _add_autograde(sub: argparse._SubParsersAction) -> None:
+    """The ``autograde`` command's arguments."""
     p = sub.add_parser(
         "autograde",
         help="grade submitted/ in parallel, each submission sandboxed (resumable)",
@@ -475,36 +517,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--student", action="append", help="only this student (repeatable)")
     p.add_argument("--force", action="store_true", help="grade again even if already graded")
-    p.add_argument(
-        "--cell-timeout",
-        type=float,
-        default=None,
-        help="seconds for every cell, in place of the calibrated limits (default: calibrated "
-        "per cell by `calibrate`, else 300)",
-    )
-    p.add_argument(
-        "--notebook-timeout",
-        type=float,
-        default=None,
-        help="seconds per notebook (default: the calibrated notebook limit, else 1800)",
-    )
+    _setting(p, "cell_timeout", "seconds for every cell, in place of the calibrated limits")
+    _setting(p, "notebook_timeout", calibrated=True)
     p.add_argument(
         "--no-calibration",
         action="store_true",
         help="ignore .grader/ID/calibration.json (uniform --cell-timeout limits)",
     )
-    p.add_argument("--memory-mb", type=int, default=8192, help="address space per process")
-    p.add_argument("--nproc", type=int, default=256, help="processes and threads per submission")
-    p.add_argument("--fsize-mb", type=int, default=64, help="largest file a submission writes")
+    for name in ("memory_mb", "nproc", "fsize_mb"):
+        _setting(p, name)
     p.add_argument(
         "--unsandboxed",
         action="store_true",
         help="grade without bubblewrap when it is missing (trusted code only)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    common(p, db=True)
+    _common(p, db=True)
     p.set_defaults(func=_cmd_autograde)
 
+
+def _add_calibrate(sub: argparse._SubParsersAction) -> None:
+    """The ``calibrate`` command's arguments."""
     p = sub.add_parser(
         "calibrate",
         help="time the solution on this machine: per-cell limits for autograde",
@@ -514,8 +547,8 @@ def build_parser() -> argparse.ArgumentParser:
         "unless --cell-timeout or --no-calibration is given. Run it on the grading machine.",
     )
     p.add_argument("lesson", help="lesson id")
-    p.add_argument("--factor", type=float, default=10.0, help="limit = FACTOR x measured time")
-    p.add_argument("--floor", type=float, default=20.0, help="smallest limit, seconds")
+    _setting(p, "calibration_factor", flag="--factor")
+    _setting(p, "calibration_floor", flag="--floor")
     p.add_argument("--runs", type=int, default=1, help="runs to take the slowest time of")
     p.add_argument(
         "--workers",
@@ -526,9 +559,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--unsandboxed", action="store_true", help="time without bubblewrap when it is missing"
     )
-    common(p)
+    _common(p)
     p.set_defaults(func=_cmd_calibrate)
 
+
+def _add_feedback(sub: argparse._SubParsersAction) -> None:
+    """The ``feedback`` command's arguments."""
     p = sub.add_parser(
         "feedback",
         help="feedback HTML per student (nbgrader generate_feedback, hidden tests removed)",
@@ -546,9 +582,12 @@ def build_parser() -> argparse.ArgumentParser:
         "to upload (Moodle: 'Upload multiple feedback files in a zip'; Canvas: 'Re-upload "
         "Submissions'), exchange runs nbgrader release_feedback",
     )
-    common(p, db=True)
+    _common(p, db=True)
     p.set_defaults(func=_cmd_feedback)
 
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    """The ``export`` command's arguments."""
     p = sub.add_parser(
         "export",
         help="grades to CSV: a column per exercise, or the Canvas / Moodle import format",
@@ -583,9 +622,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the LMS assignment's maximum (canvas, moodle): totals are scaled to it; without "
         "it, the maximum in the LMS's own download given at intake, else the export is refused",
     )
-    common(p, db=True)
+    _common(p, db=True)
     p.set_defaults(func=_cmd_export)
 
+
+def _add_check(sub: argparse._SubParsersAction) -> None:
+    """The ``check`` command's arguments."""
     p = sub.add_parser(
         "check",
         help="self-check a notebook: per exercise, passed or failed and why",
@@ -598,6 +640,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per cell")
     p.set_defaults(func=_cmd_check)
 
+
+def _add_hub(sub: argparse._SubParsersAction) -> None:
+    """The ``hub`` command's arguments."""
     p = sub.add_parser(
         "hub",
         help="a JupyterHub for the class on this machine (as root): accounts, exchange, views",
@@ -635,6 +680,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reset-passwords", action="store_true", help="new passwords for everyone")
     p.add_argument("--setup-only", action="store_true", help="set everything up, do not start")
     p.set_defaults(func=_cmd_hub)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``python -m grader``'s parser: one sub-command per ``_add_NAME``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m grader",
+        description="Release, collect, grade and report the mixed precision course.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (
+        _add_release,
+        _add_package,
+        _add_intake,
+        _add_autograde,
+        _add_calibrate,
+        _add_feedback,
+        _add_export,
+        _add_check,
+        _add_hub,
+    ):
+        add(sub)
     return parser
 
 

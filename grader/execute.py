@@ -1,17 +1,10 @@
 """nbgrader's Execute step, replaced by execution in the sandbox.
 
-``SandboxedExecute`` takes the place of nbgrader's ``Execute`` in ``Autograde``'s pipeline (see
-:func:`grader.autograde.scratch_config`): nbgrader still restores the locked and hidden test cells,
-checks checksums and saves grades; only the kernel runs elsewhere. Settings come from the
-``GRADER_SANDBOX`` environment variable (a :class:`grader.sandbox.Settings` as JSON); what happened
-(per-cell status, limits hit) is written to the file named by ``GRADER_EVENTS``.
-
-A graded test cell counts as passed only if the kernel's reply for it was ``ok``: any other status
-(error, timeout, dead kernel, restore failed, not run) gets an error output, which is what
-nbgrader's ``determine_grade`` scores as zero. Then the converted hidden tests' observations are
-judged here (:func:`judge`, :mod:`grader.judge`): a judge's failure is an error output too. Last,
-the course's scoring rule (:func:`course.selfcheck.warnings_are_not_failures`): what a test cell
-wrote to stderr stays visible but costs nothing (nbgrader's ``determine_grade`` zeroes it).
+:class:`SandboxedExecute` takes the place of nbgrader's ``Execute`` in ``Autograde``'s pipeline:
+nbgrader still restores locked and hidden test cells and scores; the kernel runs in the sandbox
+(settings from ``SANDBOX_ENV``, :mod:`grader.settings`). A graded test cell whose status is not
+``ok``, or whose judge fails (:mod:`grader.judge`), gets an error output (nbgrader scores it 0);
+then ``course.selfcheck.warnings_are_not_failures`` keeps stderr visible without costing points.
 """
 
 from __future__ import annotations
@@ -26,7 +19,9 @@ from nbgrader.preprocessors import Execute
 
 from course.selfcheck import warnings_are_not_failures
 from grader.cells import cell_limits, graded_test_cells, stall_after, timeouts_from_answer
+from grader.keys import GRADING_KEY_ENV, STUDENT_ID_ENV
 from grader.sandbox import Settings, execute
+from grader.settings import CELL_LIMITS_ENV, EVENTS_ENV, SANDBOX_ENV, TIMING_ENV
 
 __all__ = ["SandboxedExecute", "apply_answer", "graded_test_cells", "record_timing"]
 
@@ -89,8 +84,8 @@ def judge(nb: NotebookNode, resources: dict, settings: Settings) -> dict[int, st
     problem = exposed() if lesson and judges(lesson) else None
     if problem:
         raise RuntimeError(problem)
-    key = settings.kernel_env["COURSE_GRADING_KEY"]
-    student = settings.kernel_env.get("COURSE_STUDENT_ID", "")
+    key = settings.kernel_env[GRADING_KEY_ENV]
+    student = settings.kernel_env.get(STUDENT_ID_ENV, "")
     verdicts = apply_judges(nb, lesson, lambda exercise: seed_for(key, student, exercise))
     return {index: "error" for index, verdict in verdicts.items() if verdict == "failed"}
 
@@ -100,18 +95,18 @@ class SandboxedExecute(Execute):
 
     def preprocess(self, nb: NotebookNode, resources: dict):  # type: ignore[override]
         begun = time.time()
-        settings = Settings.from_env(os.environ["GRADER_SANDBOX"])
-        if "COURSE_GRADING_KEY" not in settings.kernel_env:
+        settings = Settings.from_env(os.environ[SANDBOX_ENV])
+        if GRADING_KEY_ENV not in settings.kernel_env:
             # Converted hidden tests are judged here with the seed the kernel used: a key the
             # kernel gets and this process keeps (without one each seed would be the kernel's).
             settings.kernel_env = {
                 **settings.kernel_env,
-                "COURSE_GRADING_KEY": secrets.token_hex(32),
-                "COURSE_STUDENT_ID": settings.kernel_env.get("COURSE_STUDENT_ID", ""),
+                GRADING_KEY_ENV: secrets.token_hex(32),
+                STUDENT_ID_ENV: settings.kernel_env.get(STUDENT_ID_ENV, ""),
             }
         plain = json.loads(json.dumps(nb))
         # Calibrated per-cell limits (grader/calibrate.py), when autograde passes them.
-        calibration = json.loads(os.environ.get("GRADER_CELL_LIMITS") or "null")
+        calibration = json.loads(os.environ.get(CELL_LIMITS_ENV) or "null")
         per_cell = cell_limits(nb, calibration) if calibration else None
         slow = stall_after(nb, calibration) if calibration else None
         answer = execute(
@@ -121,7 +116,7 @@ class SandboxedExecute(Execute):
         statuses.update(judge(nb, resources, settings))
         for index in graded_test_cells(nb):
             warnings_are_not_failures(nb.cells[index])
-        events_file = os.environ.get("GRADER_EVENTS")
+        events_file = os.environ.get(EVENTS_ENV)
         if events_file:
             cells = {}
             for index, status in statuses.items():
@@ -133,14 +128,14 @@ class SandboxedExecute(Execute):
                 json.dump(
                     {"events": answer.get("events", []), "cells": cells, "timeouts": timeouts}, fh
                 )
-        if os.environ.get("GRADER_TIMING"):
+        if os.environ.get(TIMING_ENV):
             cells = {
                 str(c["index"]): c["seconds"]
                 for c in answer.get("cells", [])
                 if isinstance(c, dict) and isinstance(c.get("seconds"), (int, float))
             }
             timing = dict(answer.get("timing") or {}, cell_seconds=cells)
-            record_timing(os.environ["GRADER_TIMING"], begun, timing)
+            record_timing(os.environ[TIMING_ENV], begun, timing)
         return nb, resources
 
 

@@ -1,50 +1,14 @@
 """Grades out of the gradebook: the per-exercise CSV, and the LMS's own import formats.
 
-``exercises`` (the default): one row per student; for each lesson (in id order) one column per
-graded cell named ``<lesson>/<exercise>`` (an autograded test cell ``fp16_bits_tests`` is the
-exercise ``fp16_bits``; a written answer keeps its id), then ``<lesson>/total``, ``<lesson>/max``
-and ``<lesson>/status`` (graded, rejected or failed with the reason, ``needs manual grading``, the
-scan's flags); then ``total`` and ``max`` over the lessons exported. A student without a
-submission gets empty cells and ``missing``.
-
-``canvas``: Canvas's gradebook import CSV. Columns ``Student, ID, SIS User ID, SIS Login ID,
-Section`` and one column per lesson titled ``<lesson> (<Canvas assignment id>)``, then a
-``Points Possible`` row; each student's cell is the lesson's total (empty when there is no
-submission or grading failed: there is nothing to send). Format: Canvas Instructor Guide,
-"How do I import grades in the Gradebook?" (community.canvaslms.com), summarised with the same
-columns at https://teaching.resources.osu.edu/toolsets/carmencanvas/guides/calculating-final-
-grades/import-csv-file-carmen-grades, and the gradebook export it mirrors (its second row is
-``Points Possible``, as here): Canvas finds the student by ``ID`` (the Canvas user id, the number
-in Canvas's submission file names) and the assignment by the id in parentheses.
-
-``moodle``: the assignment's offline grading worksheet (Moodle assignment, feedback type "Offline
-grading worksheet"; one lesson per file). Columns ``Identifier, Full name, Email address, Status,
-Grade, Maximum Grade, Grade can be changed, Last modified (submission), Last modified (grade),
-Feedback comments``. Moodle's importer (https://github.com/moodle/moodle, files
-mod/assign/feedback/offline/importgradeslib.php and locallib.php, strings in
-mod/assign/lang/en/assign.php) reads ``Identifier`` as ``Participant <n>``, where ``<n>`` is
-the participant number that also names the files of Moodle's submission download; ``Grade``;
-``Last modified (grade)`` (strtotime; a grade changed in Moodle more than 60 s after it is kept);
-and the feedback plugins' columns (``Feedback comments``). The other columns are informative.
-
-Both LMS formats need each student's LMS identity: what intake read from the LMS file names
-(``intake/<lesson>/identities.json``, which records the LMS each student came from), completed
-by the roster used at intake (kept as ``intake/<lesson>/roster.csv``, columns ``student_id,
-lms_id`` and optionally ``lms, name, email, sis_user_id, sis_login_id, section``), else the
-student id itself when it is a number (intake without a roster). Identities never cross LMSes: a
-student who came from another LMS (or the exchange) is exported only when a roster maps them to
-this one (the ``--roster`` given to export, or a roster row with this ``lms``); the others are
-named and left out, and an export none of whose students can be mapped is refused.
-
-Points: an LMS assignment has its own maximum. The LMS formats need it (``points_possible``,
-or read from the LMS's own download given at intake: Moodle's worksheet ``Maximum Grade``,
-Canvas's gradebook export ``Points Possible`` row) and scale each total to it, with a warning;
-without it they refuse. Late penalties (:mod:`grader.late`) are subtracted; written answers not
-graded yet are blank in the per-exercise CSV, and the LMS formats say whether manual points were
-sent.
-
-The Canvas and Moodle formats are also nbgrader export plugins (:class:`CanvasExportPlugin`,
-:class:`MoodleExportPlugin`): ``nbgrader export --exporter=grader.export.CanvasExportPlugin``.
+``exercises``: one row per student, per lesson a column per exercise, its total, max and status.
+``canvas``: Canvas's gradebook import CSV (a column per lesson, ``Points Possible`` row).
+``moodle``: the assignment's offline grading worksheet (one lesson; Moodle's importer reads
+``Identifier`` as ``Participant <n>``, ``Grade``, ``Last modified (grade)``, ``Feedback
+comments``: mod/assign/feedback/offline/importgradeslib.php). The LMS formats map students back
+through the identities and roster kept at intake, never across LMSes, and scale totals to the LMS
+assignment's maximum (given, or read from its download at intake; refused without one). Late
+penalties are subtracted; written answers not graded yet stay blank. Both LMS formats are also
+nbgrader export plugins (:class:`CanvasExportPlugin`, :class:`MoodleExportPlugin`).
 """
 
 from __future__ import annotations

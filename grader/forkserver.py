@@ -1,19 +1,10 @@
 """A warm ``nbgrader``: one long-lived process per grading worker that forks a fresh child per run.
 
-Starting ``python -m nbgrader`` costs seconds of imports (nbgrader, nbconvert, SQLAlchemy,
-traitlets) before it grades anything, and the grader used to pay that for every submission. A
-:class:`NbgraderServer` pays it once: its process imports those modules and then, for each
-request, forks a child that changes into the scratch course, takes the request's environment and
-runs nbgrader's own command line (``nbgrader/__main__.py``) exactly as ``python -m nbgrader`` in
-that folder would (``sys.path[0]`` is the working folder, so the course's ``grader`` package is the
-one imported; nothing of the grader is imported before the fork). The child is a new process like
-the old one: its own traitlets singletons, its atexit hooks run at its end (then ``os._exit``:
-the interpreter's teardown of modules it never used is skipped), killed with its server
-(``PR_SET_PDEATHSIG``), and killed alone when it runs past its time.
-
-The protocol is JSON lines on the server's stdin/stdout: the request
-``{"argv", "cwd", "env", "log"}``, then the replies ``{"pid"}`` and ``{"returncode"}``; the child's
-stdout and stderr go to the ``log`` file.
+:class:`NbgraderServer` imports nbgrader, nbconvert and SQLAlchemy once; for each request it
+forks a child that runs nbgrader's command line exactly as ``python -m nbgrader`` in the request's
+folder would (its own traitlets singletons, killed with its server and when past its time). The
+protocol is JSON lines: the request ``{"argv", "cwd", "env", "log"}``, the replies ``{"pid"}``
+and ``{"returncode"}``; the child's output goes to ``log``.
 """
 
 from __future__ import annotations

@@ -1,67 +1,15 @@
-"""In-kernel defences run by the sandboxed executor around a student's notebook.
+"""In-kernel defences the sandboxed runner sends around a student's notebook.
 
-Two pieces of code are sent to the kernel (they never appear in the notebook):
-
-* :data:`PRELUDE`, a silent execution before any student code, runs :data:`INSTALL` with globals
-  and builtins of its own (names the notebook later defines or replaces never reach it): it
-  installs an audit hook that refuses every later ``sys.addaudithook`` (audit hooks cannot be
-  removed, so none may be added),
-  captures pristine copies of what the graded tests rely on (the ``__dict__`` of ``builtins``,
-  ``torch``, ``torch.testing``, ``torch.nn``, ``torch.nn.functional``, ``torch.Tensor``,
-  ``numpy``, ``numpy.testing``, ``math``; the code objects of their Python functions; the import
-  machinery; ``sys.modules`` entries; warning filters and ``sys`` hooks), loads a private copy of
-  ``course.checks`` from its file, removes the working folder from ``sys.path``, ignores
-  ``SIGXFSZ`` (an oversized write then raises ``OSError`` instead of killing the kernel) and
-  freezes the objects that exist then out of the garbage collector's view.
-* :data:`TEST_CALL`, sent in place of every graded test cell (the runner substitutes the cell's
-  source): the test runs in a **child of the kernel made by fork()**, which holds only the calling
-  thread. Threads the notebook started (with or without a Python frame), interval timers and the
-  kernel's event loop (asyncio tasks and callbacks) do not exist there; ``atexit`` hooks never run
-  (the child leaves with ``os._exit``). In the child, before the test: ``gc.callbacks`` are
-  emptied, pending garbage is collected (its finalizers and weakref callbacks run now, not during
-  the test) and the collector is switched off; trace and profile hooks (``sys`` and
-  ``threading``, and ``sys.monitoring`` on 3.12+) are cleared; signals are unblocked and every
-  handler reset (``SIGINT`` raises ``KeyboardInterrupt``); a new thread started by a finalizer
-  refuses the test; then everything captured above is put back, keeping every displaced object
-  alive so that no ``__del__`` runs during the restore, torch's function and dispatch modes and
-  global module hooks are removed, and a check that nothing still differs must pass (else the
-  test is not run: ``GraderRestoreFailed``). The child is not dumpable (no ptrace or
-  ``/proc/PID/mem`` from other processes), prints into buffers, and sends its outputs and verdict
-  to the kernel on a pipe with a per-test nonce; the kernel replays the outputs and raises the
-  test's exception (same type name, same traceback lines) if it failed.
-
-The runner reads each test's verdict with the reply (``user_expressions``, evaluated by the
-kernel outside IPython's input transformers): a graded cell counts as passed only when its reply
-is ``ok`` *and* its verdict is ``pass``. Before each graded test cell the runner also kills every
-process the notebook left (it is the subreaper of the kernel's tree). A test cell's side effects
-stay in its child: later cells do not see names it defined (no lesson's cells rely on them).
-A test cell runs with globals of its own, a copy of the notebook's namespace: the names it binds
-(its helpers, references, inputs) never replace a name of the notebook's, so a student's helper
-named like one of the test's keeps its meaning for the student's functions.
-
-Where fork() cannot be used (CUDA initialised in the kernel: a child cannot use it), the same
-steps run in the kernel itself, and a test is refused (``GraderRefused``, a status in the CSV)
-while a thread started by the notebook is still alive after a two-second grace.
-
-Hidden tests (every lesson's, all nine; see :mod:`grader.observe` and :mod:`grader.judge`) are
-drivers: the test cell's globals get ``__grader_driver__``, an observer made here from
-:data:`grader.observe.OBSERVER`, through which the driver records what the student's functions
-return; the observations are published after the test's own outputs as one display output, and
-the judge compares them with its reference in the grader's own process, outside the sandbox. So
-nothing secret is ever in this process: no reference, expected value or hidden-test source,
-whether the test runs in a fork or (CUDA) in the kernel itself. Forging or spoiling the
-observations gains nothing: they are read as plain data (``torch.load(weights_only=True)``), the
-judge rebuilds the inputs from the seed it derives itself, and two sets of observations fail.
-That holds in memory everywhere; against reading the judges' files it relies on the sandbox,
-which does not mount ``grader/`` (with ``--unsandboxed``, as on a GPU machine where CUDA forbids
-the fork, student code can read any file the grader's user can, the judges included).
-
-What this cannot stop: everything here lives in the student's own process. Code that finds the
-grader's function (it is stored under a random name, but Python lets one enumerate everything),
-rewrites ipykernel's messaging so that a failed visible test is reported ``ok`` is not prevented;
-:mod:`grader.scan` flags such code for a human. (Inspecting the calling test's frame or the
-garbage collector finds no reference to call: every lesson's hidden tests keep theirs in the
-judges.) Student code that the test itself calls runs during the test, as it must.
+:data:`PRELUDE` runs before any student code, with globals and builtins of its own: it refuses new
+audit hooks, keeps pristine copies of what graded tests rely on (the dictionaries of builtins,
+torch, numpy, math, warnings; the import machinery; ``sys`` hooks) and a private
+``course.checks``. :data:`TEST_CALL` replaces each graded test cell: the test runs in a fork of
+the kernel (in the kernel itself where CUDA forbids a fork), after everything captured is put
+back and every hook, timer and thread the notebook left is gone, and sends its verdict on a pipe
+with a per-test nonce. A graded cell passes only when its reply is ``ok`` and its verdict a pass.
+Hidden tests hold nothing secret here: their drivers record through ``__grader_driver__``
+(:mod:`grader.observe`) and are judged outside the sandbox (:mod:`grader.judge`). What this
+cannot stop, and why: ``docs/grader-design.md``.
 """
 
 from __future__ import annotations

@@ -1,33 +1,13 @@
 """A JupyterHub for one class on this machine: ``python -m grader hub --roster roster.csv``.
 
-nbgrader's "one class, one grader" setup, installed and started by one command (as root):
-
-* the class environment: a virtual environment made from the **system** Python in a
-  world-readable prefix (default ``/opt/mixed-precision-course``), holding the course's own
-  packages (hard-linked from ``.venv``: the same torch, nbgrader, JupyterLab and ``course``),
-  JupyterHub and ``jupyterhub-idle-culler``, pinned. The course's ``.venv`` cannot serve students:
-  its Python links into the installing user's home (root's is mode 0700);
-* the official ``configurable-http-proxy`` from the npm registry, pinned, in ``.hub/proxy``
-  (it needs Node >= 20, checked);
-* a Unix account per roster student and one for the instructor, with passwords set by the
-  command (``.hub/passwords.csv``, mode 0600, to hand out), JupyterHub's PAM authenticator, the
-  roster as ``allowed_users`` and the instructor as admin. Roster ids (the grader allows capitals,
-  leading digits and ``@ . +``) become valid Unix and hub names (:func:`hub_names`), kept as
-  ``hub-users.csv`` in the course directory, which ``intake --exchange`` reads back;
-* the instructor's course directory ``~INSTRUCTOR/mixed-precision`` (mode 0700: solutions, hidden
-  tests, the gradebook and the grading key are the instructor's), the lessons released to
-  nbgrader's exchange (its documented permissions), the student view (Assignment List, Validate)
-  for students and the instructor view with formgrader for the instructor.
-
-Re-running with a changed roster adds the new students and locks the accounts of those removed
-(their home folders and submissions are kept), then restarts the hub: a hub started earlier from
-the same ``--state`` is stopped first (its users' servers stop; files are kept), and the new hub
-reads the new roster. A removed student is in JupyterHub's ``blocked_users``: their servers are
-stopped and their roles revoked at start, so a session cookie from before carries no permission
-(no server can be started or reached); ``allow_existing_users`` is off, so the hub's database
-does not keep them allowed.
-Nothing a student or the instructor wrote is overwritten: files are only copied into the course
-directory when missing.
+As root, one command installs (pinned) JupyterHub, the idle culler and configurable-http-proxy,
+builds a world-readable class environment from the system Python, makes a Unix account per roster
+student and for the instructor (PAM; passwords in ``.hub/passwords.csv``), puts the instructor's
+course directory in their home (mode 0700), releases the lessons to nbgrader's exchange and
+starts the hub with the student and instructor views. Roster ids become Unix names through
+:func:`hub_names` (kept in ``hub-users.csv`` for ``intake --exchange``). Re-running with a changed
+roster adds students, locks and blocks those removed (their files kept) and restarts the hub.
+Nothing anyone wrote is overwritten. Details: docs/grading-a-class.md.
 """
 
 from __future__ import annotations
@@ -126,11 +106,9 @@ def hub_names(student_ids: list[str], prefix: str = "") -> dict[str, str]:
 def read_hub_roster(path: Path) -> list[dict[str, str]]:
     """The roster's rows with a ``student_id`` (the intake roster; ``lms_id`` is optional here)."""
     from grader.autograde import valid_student_id
+    from grader.intake import read_csv
 
-    with open(path, newline="", encoding="utf-8-sig") as fh:
-        rows = [
-            {k.strip(): (v or "").strip() for k, v in r.items() if k} for r in csv.DictReader(fh)
-        ]
+    rows = read_csv(path)
     if rows and "student_id" not in rows[0]:
         raise ValueError(f"{path}: the roster needs a student_id column")
     rows = [r for r in rows if r.get("student_id")]

@@ -1,63 +1,15 @@
-"""Intake: put submissions into ``submitted/<student>/<lesson>/`` from an LMS zip or nbgrader's
-exchange, keeping every file received and never overwriting a submission.
+"""Intake: submissions from an LMS zip or nbgrader's exchange into ``submitted/``.
 
-LMS zips
---------
-Accepted entry names (the folder part of an entry is ignored, so Moodle's per-student folders
-work too):
-
-* Canvas: ``<name>[_LATE]_<userid>_<submissionid>_<filename>`` e.g.
-  ``doejane_12345_67890_02-loss-scaling.ipynb`` (Canvas may append ``-1``, ``-2`` to a re-upload's
-  file name: ``02-loss-scaling-1.ipynb``); ``_LATE`` is Canvas's late mark, kept;
-* Moodle: ``<Full Name>_<id>_assignsubmission_file_<filename>`` (a file name, or before 4.1 the
-  folder ``..._assignsubmission_file_/``), or Moodle >= 4.1's "download as folders" layout
-  ``<Full Name>_<id>_assignsubmission_file/<filename>``. ``<id>`` is Moodle's participant number
-  (the ``Participant <id>`` of its grading worksheet).
-
-``<userid>`` is mapped to a student id through the roster CSV if one is given (columns
-``student_id`` and ``lms_id``; an optional ``lms`` column, ``canvas`` or ``moodle``, says which
-LMS a row's id belongs to), else it is the student id itself. The roster's optional columns
-``name, email, sis_user_id, sis_login_id, section`` are what ``export --format canvas|moodle``
-writes back, ``submitted_at`` (ISO 8601) a submission time, ``extension_days`` /
-``extension_hours`` a student's extension (see :mod:`grader.late`). Intake keeps a copy of the
-roster it used as ``intake/<lesson>/roster.csv`` and each placed student's LMS identity read from
-the file name (``canvas``, ``moodle`` or ``exchange``, the LMS id, the name, Canvas's late mark,
-where the submission time came from) in ``intake/<lesson>/identities.json``, so grades go back
-to the LMS they came from.
-
-The LMS's own download can be given too (``sheet``): Moodle's offline grading worksheet (its
-``Last modified (submission)`` column is the submission time, which Moodle's zip does not carry;
-its ``Maximum Grade`` the points the assignment is worth) or Canvas's gradebook export (its
-``Points Possible`` row). Both are kept as ``intake/<lesson>/lms-<lms>.csv`` for ``export``.
-Moodle writes the worksheet's column titles and dates in the downloader's interface language:
-only an English one is read (a clear error says so otherwise).
-
-A file is *unmapped* (reported, not used) when its name matches neither pattern, its user id is
-not in the roster, the resulting id has path characters, or it is not a notebook. When a student
-has several notebooks in one zip, the one with the highest submission id (Canvas) or the latest
-date in the zip wins and the others are reported as superseded.
-
-Submission times
-----------------
-``timestamp.txt`` (what ``nbgrader autograde`` puts into the gradebook) holds the submission
-time in UTC: Moodle's from the worksheet, else the roster's ``submitted_at``, else the zip
-entry's time read in ``timezone`` (the LMS server's zone: a zip stores local times without one),
-which for Canvas is not known to be the submission time (Canvas's zip only marks late work with
-``_LATE``; :mod:`grader.late` uses the mark when no time is given). The report says which
-source each student's time came from. From the exchange, nbgrader's own ``timestamp.txt`` and
-``submission_secret.txt`` are kept verbatim (``release_feedback`` needs the secret).
-
-Safety
-------
-Every entry is first copied, as received, into ``intake/<lesson>/<timestamp>/`` (names are
-sanitised; nothing is ever extracted by the name the zip gives). ``submitted/`` gets only the
-notebook, as ``<lesson>.ipynb`` with a ``timestamp.txt`` (and from the exchange its
-``submission_secret.txt``). An existing, different submission is not overwritten unless
-``replace=True``, and then it is first moved to ``intake/<lesson>/replaced/``.
-
-Why not ``nbgrader zip_collect``: it matches one file-name regex per run with no roster, and
-refuses a non-empty ``submitted/`` folder unless ``--force`` deletes it; intake keeps the
-archive, the ``--replace`` rule, superseded uploads, the roster and the LMS identities.
+Each lands in ``submitted/<student>/<lesson>/``. Canvas
+(``<name>[_LATE]_<userid>_<submissionid>_<file>``) and Moodle
+(``<Full Name>_<id>_assignsubmission_file_<file>``, both folder layouts) names are mapped through
+an optional roster (:func:`read_roster`); the LMS's own download (Moodle's worksheet, Canvas's
+gradebook export) may give submission times and maximum points. Everything received is
+first archived as-is in ``intake/<lesson>/<timestamp>/``; a different existing submission is
+replaced only with ``replace=True`` (the old one archived). ``timestamp.txt`` is written in UTC,
+from the best source known (reported per student); the LMS identities go to
+``intake/<lesson>/identities.json`` for feedback and export. Formats and the reasons for each
+rule: docs/grading-a-class.md, "Intake".
 """
 
 from __future__ import annotations
@@ -135,7 +87,8 @@ class IntakeReport:
 ROSTER_EXTRA = ("name", "email", "sis_user_id", "sis_login_id", "section")
 
 
-def _read_csv(path: Path) -> list[dict[str, str]]:
+def read_csv(path: Path) -> list[dict[str, str]]:
+    """A CSV's rows, keys and values stripped (a byte-order mark, as Excel writes it, ignored)."""
     with open(path, newline="", encoding="utf-8-sig") as fh:
         return [
             {(k or "").strip(): (v or "").strip() for k, v in row.items() if k}
@@ -145,7 +98,7 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
 
 def read_roster_rows(path: Path) -> list[dict[str, str]]:
     """The roster's rows (stripped values); needs the columns ``student_id`` and ``lms_id``."""
-    rows = _read_csv(path)
+    rows = read_csv(path)
     if rows and not {"student_id", "lms_id"} <= set(rows[0]):
         raise ValueError(f"{path}: the roster needs the columns student_id and lms_id")
     for row in rows:
@@ -223,7 +176,7 @@ def read_lms_sheet(path: Path, timezone: str = "UTC") -> LmsSheet:
     zone = ZoneInfo(timezone)
     if kind == "moodle":
         sheet = LmsSheet("moodle")
-        for row in _read_csv(path):
+        for row in read_csv(path):
             m = re.fullmatch(r"Participant (\d+)", row.get("Identifier", ""))
             if not m:
                 continue
@@ -248,7 +201,7 @@ def read_lms_sheet(path: Path, timezone: str = "UTC") -> LmsSheet:
             "Section",
             "Root Account",
         }
-        for row in _read_csv(path):
+        for row in read_csv(path):
             if row.get("Student") == "Points Possible":
                 for col, value in row.items():
                     if col not in fixed and value:
@@ -538,7 +491,7 @@ def read_hub_users(root: Path) -> dict[str, str] | None:
     path = root / HUB_USERS
     if not path.is_file():
         return None
-    return {r["hub_user"]: r["student_id"] for r in _read_csv(path) if r.get("hub_user")}
+    return {r["hub_user"]: r["student_id"] for r in read_csv(path) if r.get("hub_user")}
 
 
 def intake_exchange(

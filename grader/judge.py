@@ -1,19 +1,12 @@
-"""The judges of converted hidden tests: they run in the grader's own process, never in a kernel.
+"""The judges of hidden tests: they run in the grader's own process, never in a kernel.
 
-A converted hidden test is a driver in the notebook (see :mod:`grader.observe`) and a judge here:
-``grader/judges/lNN_<lesson>.py`` defines ``JUDGES = {grade_id: (exercise, judge)}``, where
+``grader/judges/lNN_<lesson>.py`` defines ``JUDGES = {grade_id: (exercise, judge)}``;
 ``judge(observations)`` rebuilds the driver's inputs from ``observations.seed``, runs the
-reference, compares with what the driver observed (``observations.next(label)``, in the driver's
-order) and raises (``course.checks.CheckFailed``, with the message the student will read) when
-the student's code is wrong. The sandbox mounts nothing of ``grader/``: the judges, like
-``solutions/``, cannot be read from a submission's kernel.
-
-:func:`apply_judges` is called on an executed notebook, by :class:`grader.execute.SandboxedExecute`
-in the nbgrader process that holds it, and by :class:`grader.seam.LessonKernel` in the test suite:
-each graded test cell's observations output is taken out and, where the cell has a judge, the
-judge's failure becomes an error output (nbgrader's ``determine_grade`` then scores the cell 0).
-A cell with a judge but no observations fails; so does one with observations but no judge, or
-with more than one set of observations.
+reference, compares with what the driver observed, in its order, and raises
+``course.checks.CheckFailed`` (the student's message) when the answer is wrong.
+:func:`apply_judges` takes each graded test cell's observations out of an executed notebook; a
+judge's failure, missing or duplicated observations, or observations without a judge become an
+error output, which nbgrader scores 0. The sandbox mounts nothing of ``grader/``.
 """
 
 from __future__ import annotations
@@ -26,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grader.observe import MIME, ObservationError, Observations, decode
+from grader.observations import MIME, ObservationError, Observations, decode
 
 if TYPE_CHECKING:  # nbformat is the grader's; a plain Python process (the GPU check) lacks it
     from nbformat import NotebookNode

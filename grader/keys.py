@@ -22,6 +22,9 @@ from pathlib import Path
 
 #: Where the course key lives, relative to the course directory.
 KEY_FILE = ".grading-key"
+#: The kernel's environment variables that ``course.checks.hidden_seed`` reads (and removes).
+GRADING_KEY_ENV = "COURSE_GRADING_KEY"
+STUDENT_ID_ENV = "COURSE_STUDENT_ID"
 
 
 def ensure_key(root: Path) -> str:
@@ -52,7 +55,7 @@ def kernel_env(course_key: str | None, student: str) -> dict[str, str]:
     """The environment variables that key ``hidden_seed`` in one submission's kernel."""
     if course_key is None:
         return {}
-    return {"COURSE_GRADING_KEY": student_key(course_key, student), "COURSE_STUDENT_ID": student}
+    return {GRADING_KEY_ENV: student_key(course_key, student), STUDENT_ID_ENV: student}
 
 
 def seed_for(key: str, student: str, exercise: str) -> int:

@@ -1,22 +1,12 @@
 """Due dates, extensions and late penalties, with nbgrader's own machinery.
 
-* The due date is the assignment's ``duedate`` in the gradebook (``intake --due``, formgrader's
-  "Edit assignment", or ``nbgrader db assignment add --duedate``).
-* A student's extension is the submission's ``extension`` in the gradebook, taken from the
-  roster's ``extension_days`` / ``extension_hours`` columns.
-* The submission time is the gradebook's ``timestamp`` (``timestamp.txt``, written by intake).
-  Canvas's zip carries no time, only the ``_LATE`` mark: such a submission with no
-  ``submitted_at`` in the roster counts as late by ``CanvasLateMark.seconds`` (default one
-  second: the first day's penalty) when marked, and on time when not.
-* The penalty is nbgrader's ``LateSubmissionPlugin`` interface, the class named by
-  ``AssignLatePenalties.plugin_class`` in ``grader/nbgrader_config.py``: the course's policy is
-  :class:`PenaltyPerDay` (``per_day`` of the score per day or part of a day late, at most
-  ``cap``), and nbgrader's own ``none``/``zero`` remain available. The penalty is stored as the
-  notebook's ``late_submission_penalty``, which nbgrader's feedback shows and subtracts, as do
-  the course's exports.
-
-:func:`apply_late_penalties` recomputes every submission's penalty from these (it is run by
-``feedback`` and ``export``, so a regrade or a new extension is always taken into account).
+The due date is the gradebook assignment's ``duedate``, an extension the submission's
+``extension`` (from the roster), the submission time the gradebook's ``timestamp`` (Canvas's
+``_LATE`` mark counts as :attr:`CanvasLateMark.seconds` late when no time is known). The penalty
+is an nbgrader ``LateSubmissionPlugin``, :class:`PenaltyPerDay` (set in
+``grader/nbgrader_config.py``), stored as the notebook's ``late_submission_penalty``.
+:func:`apply_late_penalties` recomputes every submission's penalty (``feedback`` and ``export``
+run it first, so a regrade or a new extension always counts).
 """
 
 from __future__ import annotations

@@ -17,8 +17,11 @@ c.CourseDirectory.ignore = [
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
-# Lessons train small models on the CPU: give a cell time, but not forever.
-c.Execute.timeout = 300
+# Lessons train small models on the CPU: give a cell time, but not forever. The limits are the
+# grader's (grader/settings.py); set c.GraderSettings.cell_timeout above this line to change it.
+from grader.settings import GraderSettings  # noqa: E402
+
+c.Execute.timeout = GraderSettings(config=c).cell_timeout
 c.Execute.interrupt_on_timeout = True
 c.Execute.raise_on_iopub_timeout = True
 

@@ -1,50 +1,15 @@
 """Executes one notebook inside the sandbox (a standalone script: it imports nothing from grader).
 
-Run as ``python -I runner.py``. It reads one JSON request on stdin::
-
-    {"nb": <notebook>, "graded": [cell indices], "prelude": str, "test_call": str,
-     "verdict": str, "cell_timeout": s, "notebook_timeout": s, "max_output": bytes,
-     "lesson_files": dir | null}
-
-and writes one JSON answer on the stdout it was started with::
-
-    {"cells": [{"index", "outputs", "execution_count", "status"}], "events": [str],
-     "timing": {phase: seconds, ...}}
-
-Each graded test cell is sent as ``test_call`` with the cell's source, its index and a fresh
-nonce filled in (the kernel runs the test in a fork of itself, see ``grader/guard.py``), with
-``verdict`` as a user expression read back with the reply; before it, every process the
-notebook left is killed (this runner is the subreaper of the kernel's tree). A test cell's first
-observations output (:data:`OBSERVATIONS`) is kept whatever the cell printed, up to a limit of its
-own; everything else a cell prints counts towards ``max_output``.
-
-``status`` is the kernel's execute_reply status (``ok``/``error``/``aborted``) or ``timeout``,
-``dead`` (the kernel died), ``not-run`` (after the notebook's time ran out or the kernel died),
-``guard-failed`` (the restore before a graded test did not succeed: the test is not run),
-``refused`` (a thread the notebook started was alive where the test could not run apart from it)
-or ``no-verdict`` (the reply said ``ok`` but the grader's verdict for the test was not a pass).
-An optional ``"cell_timeouts": {index: s}`` in the request overrides ``cell_timeout`` per cell;
-each executed cell's answer also has ``seconds`` (its run time) and ``limit`` (the one applied).
-An optional ``"stall_after": {index: s}`` (the solution's time plus a margin, from the
-calibration) makes a cell that is still running at that time leave one event saying where it
-waits: the kernel's messages for the cell so far (whether its ``execute_reply`` came) and the
-state of every thread of the kernel and of its children, read from ``/proc`` (nothing in the
-kernel is asked, so a stuck kernel answers too). Cells without an entry get it at
-:data:`STALL_DEFAULT` seconds when their limit is longer.
-
-A cell whose kernel has published ``status: idle`` for it (which follows its last output on
-iopub) but whose ``execute_reply`` has not come :data:`REPLY_GRACE` seconds later has lost its
-reply on the way. The shell channel is polled in slices of :data:`POLL_SLICE` (a missed wake-up
-of the client's zmq socket left replies there until the poll timed out; see grader/README.md),
-so this is the last resort: the runner sends a ``kernel_info_request`` on the shell channel;
-if the reply still does not come within as long again, the cell is
-completed from what iopub delivered (its status ``error`` if it showed an error, else ``ok``; a
-graded test's verdict asked for again), instead of waiting out the cell's limit. Either case
-leaves one event.
-
-Before starting the kernel it makes itself non-dumpable (so a kernel running as the same user
-cannot read its memory or file descriptors through /proc or ptrace) and points fds 1 and 2 at
-/dev/null, so the kernel inherits nothing it could forge an answer on.
+Run as ``python -I runner.py``: one JSON request on stdin (``nb``, ``graded`` cell indices, the
+guard's ``prelude``/``test_call``/``verdict``, ``cell_timeout``, ``notebook_timeout``,
+``max_output``, optional per-cell ``cell_timeouts`` and ``stall_after``, ``lesson_files``,
+``kernel_env``), one JSON answer on the stdout it was started with: ``{"cells": [{index, outputs,
+execution_count, status, seconds, limit}], "events": [str], "timing": {...}}``. ``status`` is the
+execute_reply's (``ok``/``error``/``aborted``) or ``timeout``, ``dead``, ``not-run``,
+``guard-failed``, ``refused`` or ``no-verdict``. The shell channel is polled in slices of
+:data:`POLL_SLICE`; a reply lost after ``idle`` is recovered (a nudge, then the cell completed
+from iopub), leaving an event. The runner is non-dumpable and its stdio is /dev/null before the
+kernel starts, so the kernel cannot forge the answer. Background: ``docs/grader-design.md``.
 """
 
 import asyncio

@@ -1,22 +1,11 @@
 """Execute one notebook in its own sandboxed process tree (bubblewrap + rlimits).
 
-Layout inside the sandbox (everything else on the machine is absent, not just unreadable):
-
-* read-only: ``/usr``, ``/etc`` (and the ``/lib``, ``/bin`` links), the Python installation
-  (``sys.base_prefix``), the virtual environment (``sys.prefix``, at its real location: a
-  ``.venv`` that is a symbolic link is followed), the course's ``course`` package at
-  ``/opt/course/course`` (first on the kernel's ``PYTHONPATH``: the course being graded, not
-  whichever checkout the environment's editable install points at; see :func:`course_dir`), and
-  the runner script at ``/opt/grader/runner.py``;
-* a private tmpfs of ``tmpfs_mb`` as the working folder ``/home/student`` (the kernel's cwd, which
-  holds only the lesson's extra files) and another as ``/tmp``;
-* new network (loopback only), PID, IPC and UTS namespaces; the sandbox dies with its parent.
-
-Inside, the runner drops to an unprivileged uid of its own per worker slot (when the grader runs
-as root) under ``prlimit``: address space (``memory_mb``), processes and threads (``nproc``,
-counted per uid, hence one uid per slot), file size (``fsize_mb``) and CPU seconds. The notebook
-travels on stdin and the executed cells come back on a pipe only the runner holds; no file of the
-submission, the gradebook, solutions/ or another student is visible.
+Inside the sandbox only ``/usr``, ``/etc``, the Python installation, the virtual environment, the
+``course`` package (at ``/opt/course/course``) and the runner exist, read-only; ``/home/student``
+(the kernel's cwd, holding only the lesson's extra files), ``/tmp`` and ``/dev/shm`` are private
+tmpfs; network, PID, IPC and UTS namespaces are new; it dies with its parent. The runner drops to
+an unprivileged uid per worker slot (as root) under ``prlimit`` (:class:`Limits`). The notebook
+travels on stdin and the answer comes back on a pipe only the runner holds.
 """
 
 from __future__ import annotations
@@ -33,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from grader import guard
+from grader.settings import UID_BASE_ENV, GraderSettings, default
 
 RUNNER = Path(__file__).with_name("runner.py")
 
@@ -43,16 +33,23 @@ class SandboxUnavailable(RuntimeError):
 
 @dataclass
 class Limits:
-    """Resource limits for one submission."""
+    """Resource limits for one submission (defaults: :class:`grader.settings.GraderSettings`)."""
 
-    cell_timeout: float = 300.0
-    notebook_timeout: float = 1800.0
-    memory_mb: int = 8192
-    nproc: int = 256
-    fsize_mb: int = 64
-    tmpfs_mb: int = 512
-    max_output: int = 1_000_000
+    cell_timeout: float = default("cell_timeout")  # type: ignore[assignment]
+    notebook_timeout: float = default("notebook_timeout")  # type: ignore[assignment]
+    memory_mb: int = default("memory_mb")  # type: ignore[assignment]
+    nproc: int = default("nproc")  # type: ignore[assignment]
+    fsize_mb: int = default("fsize_mb")  # type: ignore[assignment]
+    tmpfs_mb: int = default("tmpfs_mb")  # type: ignore[assignment]
+    max_output: int = default("max_output")  # type: ignore[assignment]
     threads: int = 1
+
+    @classmethod
+    def of(cls, settings: GraderSettings, **given: object) -> Limits:
+        """The limits ``settings`` set, with ``given`` ones in place of theirs."""
+        names = ("cell_timeout", "notebook_timeout", "memory_mb", "nproc", "fsize_mb")
+        names += ("tmpfs_mb", "max_output")
+        return cls(**{n: getattr(settings, n) for n in names} | given)  # type: ignore[arg-type]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -298,9 +295,9 @@ def bwrap_command(settings: Settings, python: str | None = None) -> list[str]:
     for key, value in _env(limits, home, str(Path(SANDBOX_COURSE).parent)).items():
         cmd += ["--setenv", key, value]
     if os.geteuid() == 0:
-        # One uid per slot (rlimits on processes count per uid). GRADER_UID_BASE moves the range
+        # One uid per slot (rlimits on processes count per uid); UID_BASE_ENV moves the range
         # for a second grading run on the same machine, so the two never share a uid.
-        uid = str(int(os.environ.get("GRADER_UID_BASE", "200000")) + settings.slot)
+        uid = str(int(os.environ.get(UID_BASE_ENV) or default("uid_base")) + settings.slot)
         cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
     else:
         cmd[1:1] = ["--unshare-user"]

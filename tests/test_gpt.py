@@ -165,7 +165,8 @@ def test_judge_reference_reproduces_the_launched_solution(functions_file):
     """The hidden test's single-process replay of both ranks equals the 2-rank run bit for bit,
     on one thread as the judge runs it (each rank runs on one thread here: a CPU matmul's bits
     may depend on how many threads share it)."""
-    from grader.judges.l09_capstone import one_thread, reference_run
+    from course.device import one_cpu_thread as one_thread
+    from grader.judges.l09_capstone import reference_run
 
     spec = replace(T.graded_spec(7), steps=3)
     got = launch(
@@ -269,7 +270,8 @@ def test_graded_run_grows_the_scale_in_every_draw():
     scale is unchanged is then wrong in every draw, and so is a checkpoint without the scheduler
     (the saved schedule has moved). The judge's own builder and replay, 200 seeds (each replay
     stops at the first step taken)."""
-    from grader.judges.l09_capstone import one_thread, reference_run
+    from course.device import one_cpu_thread as one_thread
+    from grader.judges.l09_capstone import reference_run
 
     with one_thread():
         for seed in range(200):

@@ -19,7 +19,7 @@ from course.checks import (
     check_equal,
     check_tensor_equal,
 )
-from grader.observe import Observations, Raised
+from grader.observations import Observations, Raised
 
 NAMES = ("sign", "exponent", "mantissa")
 

@@ -31,7 +31,7 @@ from course.loss_scaling import (
     scaler_scenario,
     unpack_trace,
 )
-from grader.observe import Observations
+from grader.observations import Observations
 
 
 def _torch_scaler(**kw: Any) -> torch.amp.GradScaler:

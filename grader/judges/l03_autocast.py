@@ -25,7 +25,7 @@ from course.autocast import (
     trace_cases,
 )
 from course.checks import CheckFailed, _short, check, check_close, check_dtype, check_equal
-from grader.observe import ObservationError, Observations, Raised
+from grader.observations import ObservationError, Observations, Raised
 
 
 def _first_tensor(o: object) -> torch.Tensor | None:

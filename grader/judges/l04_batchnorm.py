@@ -31,7 +31,7 @@ from course.normalization import (
     one_thread,
     own_tensors,
 )
-from grader.observe import Observations, Raised
+from grader.observations import Observations, Raised
 
 
 def _ref_half_with_fp32_norm(model: nn.Module) -> nn.Module:

@@ -22,7 +22,7 @@ from course.accumulation import (
     simulated_cuda_states,
 )
 from course.checks import check, check_close, check_equal, check_tensor_equal
-from grader.observe import Observations
+from grader.observations import Observations
 
 loss_fn = nn.functional.cross_entropy
 

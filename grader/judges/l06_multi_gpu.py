@@ -28,7 +28,7 @@ from course.checks import (
     check_tensor_equal,
 )
 from course.multigpu import AmpDDPConfig
-from grader.observe import Observations
+from grader.observations import Observations
 
 WORLD_SIZE = 2
 

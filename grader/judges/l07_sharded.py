@@ -36,7 +36,7 @@ from course.sharded import (
     sharded_worker,
     split_hiddens,
 )
-from grader.observe import Foreign, Observations
+from grader.observations import Foreign, Observations
 
 
 def _type_name(value: Any) -> str:

@@ -23,7 +23,7 @@ from course.checks import (
     check_tensor_equal,
 )
 from course.float8 import FP8_FORMATS, fp8_max
-from grader.observe import Observations, Raised
+from grader.observations import Observations, Raised
 
 _TOP32 = torch.finfo(torch.float32).max
 

@@ -2,34 +2,22 @@
 
 Each judge rebuilds the inputs its driver (the hidden part of the test cell in
 ``solutions/09-capstone``) built from the same seed, in the same order, and reads the driver's
-observations in the order it made them.
+observations in the order it made them. The references run on one CPU thread
+(``course.device.one_cpu_thread``): they are tiny, and on a busy machine torch's thread pool makes
+them many times slower (0.5 s against 5-19 s measured, 2 cores).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 
 import torch
 
 from course import gpt_train as T
 from course.checks import check, check_close, check_equal
+from course.device import one_cpu_thread
 from course.gpt import GPT, IGNORE, GPTConfig, lm_loss, random_batches, val_batch
-from grader.observe import Observations, Raised
-
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """Torch on one thread for the block: these references are tiny, and on a busy machine
-    its thread pool makes them many times slower (0.5 s against 5-19 s measured, 2 cores)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
+from grader.observations import Observations, Raised
 
 #: GPT-2 small's sizes (124M parameters, a vocabulary of 50257), asked for two sequences.
 GPT2 = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, d_model=768, d_ff=3072)
@@ -176,7 +164,7 @@ def train_compare(obs: Observations) -> None:
             type(probes) is list and len(probes) == 2,
             f"model_fn should be called once per run, twice in all {where}",
         )
-        with one_thread():
+        with one_cpu_thread():
             want = _ref_compare(cfg, data, *args)
         for probe, name, amp in ((probes[0], "fp32", False), (probes[1], "AMP", True)):
             _check_probe(probe, name, amp, steps, dtype, want, where)
@@ -501,7 +489,7 @@ def distributed_step(obs: Observations) -> None:
     off_cpu = obs.next("off_cpu")
     alone = obs.next("alone")
     generators = obs.next("cuda_generators")
-    with one_thread():
+    with one_cpu_thread():
         want = reference_run(spec)
     k = spec.save_at[0]
     for r, got in enumerate(unbroken):
@@ -543,7 +531,7 @@ def distributed_step(obs: Observations) -> None:
         f"only when dist.is_initialized() {where}",
     )
     check(type(alone) is dict, f"the run in one process returned no result {where}")
-    with one_thread():
+    with one_cpu_thread():
         want_alone = reference_run(spec, world=1)
     _check_run(alone, want_alone, "in one process (a world of 1)", where)
     _check_cuda_generators(generators, where)

@@ -186,7 +186,7 @@ def test_the_judge_refuses_observations_it_cannot_trust(tmp_path):
     import pickle
 
     from grader.judge import judge_bundle
-    from grader.observe import ObservationError
+    from grader.observations import ObservationError
 
     lesson = "01-number-formats"
     judge_bundle(lesson, "fp16_bits_tests", _bundle(), 7)  # the honest observations pass
@@ -218,7 +218,8 @@ def test_the_judge_refuses_observations_it_cannot_trust(tmp_path):
 def test_observations_are_copied_when_recorded():
     import torch
 
-    from grader.observe import Foreign, ObservedFloat, decode, new_observer
+    from grader.observations import Foreign, ObservedFloat, decode
+    from grader.observe import new_observer
 
     class Sneaky(float):
         def __eq__(self, other):

@@ -10,7 +10,8 @@ import collections
 def test_dict_subclasses_arrive_as_observed_dicts():
     import torch
 
-    from grader.observe import ObservedDict, decode, new_observer
+    from grader.observations import ObservedDict, decode
+    from grader.observe import new_observer
 
     class Lying(dict):
         def items(self):

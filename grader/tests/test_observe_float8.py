@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grader.observe import ObservationError, decode, new_observer
+from grader.observations import ObservationError, decode
+from grader.observe import new_observer
 
 FLOAT8 = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu]
 
