@@ -290,12 +290,19 @@ def scaled_mm_status(device: torch.device | str) -> tuple[bool, str]:
             output_dtype=torch.float32,
         )
     except (AttributeError, NotImplementedError, RuntimeError, ValueError) as exc:
-        text = str(exc).strip()
-        first = text.splitlines()[0].split(". ")[0] if text else ""  # the first sentence
-        if first and not first.endswith("."):
-            first += "."
-        return False, f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+        return False, first_sentence(exc)
     return True, ""
+
+
+def first_sentence(exc: BaseException) -> str:
+    """The error's type and the first sentence of its message: what lesson 08 prints where a
+    torch refuses an op (torch's "Could not run ... from the 'CPU' backend" message runs to about
+    50 lines, naming every backend it has a kernel for)."""
+    text = str(exc).strip()
+    first = text.splitlines()[0].split(". ")[0] if text else ""
+    if first and not first.endswith("."):
+        first += "."
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def matmul_tflops(

@@ -190,15 +190,19 @@ def check_notebook(path: str | Path, timeout: float = 600.0) -> list[ExerciseRes
         kernel_manager_class=_local_kernel_manager(),
         resources={"metadata": {"path": str(path.parent)}},
     )
-    previous = os.environ.get(_RUNNING)
-    os.environ[_RUNNING] = "1"
+    # The check's kernel inherits these: _RUNNING stops a check_my_work() cell from checking
+    # again; the other keeps debugpy's "frozen modules" warning (Python 3.12+) out of the report.
+    marks = {_RUNNING: "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+    previous = {key: os.environ.get(key) for key in marks}
+    os.environ.update(marks)
     try:
         client.execute()
     finally:
-        if previous is None:
-            os.environ.pop(_RUNNING, None)
-        else:
-            os.environ[_RUNNING] = previous
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     results = []
     for cell in tests:
         meta = _nbgrader(cell)

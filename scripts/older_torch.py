@@ -30,6 +30,20 @@ import torch
 
 #: The torch release this module rehearses.
 RELEASE = "2.11"
+#: What torch 2.11 says where ``F.scaled_mm`` runs on a CPU: the dispatcher's message, its first
+#: sentence, then about 50 lines (the backends that have a kernel), shortened here to its shape.
+NO_CPU_KERNEL = (
+    "Could not run 'aten::_scaled_mm_v2' with arguments from the 'CPU' backend. This could be "
+    "because the operator doesn't exist for this backend, or was omitted during the selective/"
+    "custom build process (if using custom build). If you are a Facebook employee using PyTorch "
+    "on mobile, please visit https://fburl.com/ptmfixes for possible resolutions. "
+    f"(Rehearsed: torch {RELEASE} registers no CPU kernel for it.) 'aten::_scaled_mm_v2' is only "
+    "available for these backends: [CUDA, Meta, BackendSelect, Python, ...].\n\n"
+    + "\n".join(
+        f"{key}: registered at /pytorch/build/aten/src/ATen/Register{key}.cpp:1 [kernel]"
+        for key in ("CUDA", "Meta", "BackendSelect", "Python", "Functionalize", "Named")
+    )
+)
 #: What torch 2.11 says where ``torch._scaled_mm`` gets row-wise scales on a CPU.
 CPU_PER_TENSOR_ONLY = "Now _scaled_mm only supports per-tensor scaling for CPU backend."
 
@@ -38,10 +52,7 @@ def _no_cpu_scaled_mm(original):
     @functools.wraps(original)
     def scaled_mm(mat_a, *args, **kwargs):
         if mat_a.device.type == "cpu":
-            raise NotImplementedError(
-                "Could not run 'aten::_scaled_mm_v2' with arguments from the 'CPU' backend. "
-                f"(Rehearsed: torch {RELEASE} registers no CPU kernel for it.)"
-            )
+            raise NotImplementedError(NO_CPU_KERNEL)
         return original(mat_a, *args, **kwargs)
 
     scaled_mm.__course_older_torch__ = True

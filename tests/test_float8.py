@@ -3,6 +3,8 @@ section's cells run here, on a torch without a CPU scaled_mm."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -546,3 +548,24 @@ def test_the_pages_round_up_rule_saturates_nothing_and_matches_torchaos_rceil():
         per_element = e.repeat_interleave(32, dim=-1).float()
         saturated[rule] = int(((x * torch.exp2(-per_element)).abs() > fmax).sum())
     assert saturated["floor"] > 0 and saturated["rceil"] == 0, saturated
+
+
+def test_first_sentence_keeps_one_line_of_torchs_long_refusal():
+    """Lesson 08 prints first_sentence(exc) where a torch refuses scaled_mm: torch 2.11's CPU
+    refusal (rehearsed by scripts/older_torch.py in its real shape, about 50 lines) becomes its
+    type and first sentence."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    try:
+        import older_torch
+    finally:
+        sys.path.pop(0)
+    message = older_torch.NO_CPU_KERNEL
+    assert message.count("\n") >= 5 and len(message) > 500
+    got = F8.first_sentence(NotImplementedError(message))
+    assert got == (
+        "NotImplementedError: Could not run 'aten::_scaled_mm_v2' with arguments from the "
+        "'CPU' backend."
+    )
+    assert F8.first_sentence(RuntimeError("")) == "RuntimeError"
