@@ -7,27 +7,25 @@ ipywidgets 7.7.1, IPython 7.34 and notebook 6.5.7, and not the course. The rehea
   of everything else the lessons import (:data:`COLAB_PINS`), made once and reused;
 - a kernel in it (:func:`write_kernel`) whose IPython startup file makes torch behave as 2.11
   (``scripts/older_torch.py``), with ``COURSE_SITE_URL`` pointing at
-- a loopback web server (:func:`serve`) over a folder laid out as the course site's ``pkg/``
-  (:func:`build_site`): a wheel of ``course/`` alone and an ``index.html`` linking it, so each
-  lesson's setup cell installs the course from it as it would from the published site.
+- a loopback web server (``tests.conftest.serving_folder``) over a folder laid out as the course
+  site's ``pkg/`` (:func:`build_site`): a wheel of ``course/`` alone and an ``index.html``
+  linking it, so each lesson's setup cell installs the course from it as it would from the
+  published site.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
-import functools
 import json
 import shutil
 import subprocess
 import sys
-import threading
 import tomllib
-from collections.abc import Iterator
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import nbformat
+
+from grader.package import write_course_index
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-colab"
@@ -109,47 +107,11 @@ def uninstall_course() -> None:
 
 
 def build_site(dest: Path) -> Path:
-    """``dest`` laid out as the site's ``pkg/`` folder: a wheel of ``course/`` alone (never
-    ``grader/``) and an ``index.html`` linking it, as pip's ``--find-links`` reads it."""
-    src = dest / "src"
-    shutil.copytree(ROOT / "course", src / "course", ignore=shutil.ignore_patterns("__pycache__"))
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    (src / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n'
-        f'[project]\nname = "{DIST}"\nversion = "{version}"\nrequires-python = ">=3.11"\n'
-        '[tool.setuptools]\npackages = ["course"]\n'
-    )
-    pkg = dest / "pkg"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
-        + ["--wheel-dir", str(pkg), str(src)],
-        check=True,
-        timeout=300,
-    )
-    shutil.rmtree(src)
-    links = "".join(f'<a href="{w.name}">{w.name}</a>\n' for w in sorted(pkg.glob("*.whl")))
-    (pkg / "index.html").write_text(f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n")
+    """``dest`` laid out as the site's ``pkg/`` folder, as ``run.py site`` lays it out
+    (:func:`grader.package.write_course_index`: a wheel of ``course/`` alone, never ``grader/``,
+    and an ``index.html`` linking it, as pip's ``--find-links`` reads it)."""
+    write_course_index(dest / "pkg")
     return dest
-
-
-class _QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def serve(folder: Path) -> Iterator[str]:
-    """Serve ``folder`` on a loopback port for the duration; yields its base URL."""
-    handler = functools.partial(_QuietHandler, directory=str(folder))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
 
 
 STARTUP = """\

@@ -45,7 +45,7 @@ from course.device import (
 )
 from course.selfcheck import HIDDEN, notebook_client
 from tests import hosted
-from tests.conftest import LESSON_IDS, LESSONS, SOLUTIONS
+from tests.conftest import LESSON_IDS, LESSONS, SOLUTIONS, serving_folder
 
 #: The lessons the suite runs on the Colab profile (the others with COURSE_HOSTED_ALL=1).
 IN_SUITE = ("01-number-formats",)
@@ -276,7 +276,7 @@ def test_lesson_runs_on_the_colab_profile(lesson, tmp_path, monkeypatch):
 
     hosted.build_site(tmp_path / "site")
     try:
-        with hosted.serve(tmp_path / "site") as url:
+        with serving_folder(tmp_path / "site") as url:
             monkeypatch.setenv("JUPYTER_PATH", str(hosted.write_kernel(tmp_path / "jupyter", url)))
             run_started = time.monotonic()
             client = notebook_client(
@@ -413,7 +413,7 @@ def test_lesson_01_widget_responds_in_classic_notebook(tmp_path, browser, shots)
     hosted.build_site(tmp_path / "site")
     port, token = free_port(), "hosted-test"
     try:
-        with hosted.serve(tmp_path / "site") as url:
+        with serving_folder(tmp_path / "site") as url:
             jupyter = hosted.write_kernel(tmp_path / "jupyter", url)
             env = dict(os.environ, JUPYTER_PATH=str(jupyter), HOME=str(tmp_path))
             env["JUPYTER_CONFIG_DIR"] = str(tmp_path / "config")

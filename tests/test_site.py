@@ -23,17 +23,15 @@ The build's time and size and the browser test's time are printed.
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import functools
 import html
-import http.server
 import json
 import os
 import re
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import tomllib
 import zipfile
@@ -45,6 +43,7 @@ import pytest
 from grader import REPO_ROOT
 from grader.observe import MIME as OBSERVATIONS
 from grader.package import write_course_index
+from tests.conftest import serving_folder
 from website import leaks, pages
 from website.build import find_notebook, lesson_ids
 
@@ -579,19 +578,11 @@ def test_no_answer_value_on_the_site(site):
     assert not found, f"an exercise's answer value on the site: {sorted(set(found))[:5]}"
 
 
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args) -> None:
-        pass
-
-
 def test_site_in_a_browser(site, browser, shots, request):
     """Landing page and every lesson page offline in Chromium (see the module's doc)."""
     started = time.perf_counter()
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(_Quiet, directory=str(site.out))
-    )
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}/"
+    served = contextlib.ExitStack()
+    base = served.enter_context(serving_folder(site.out))
     # The links as the course's settings say (pyproject.toml [tool.course]), spelled out here.
     course = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["course"]
     cfg = (course["repository"].removeprefix("https://github.com/"), course["branch"])
@@ -661,8 +652,7 @@ def test_site_in_a_browser(site, browser, shots, request):
             problems.append(f"pip did not install the course from {base}pkg/: {pip.stderr[-500:]}")
     finally:
         context.close()
-        server.shutdown()
-        server.server_close()
+        served.close()
     seconds = time.perf_counter() - started
     _say(request, f"site: browser test {seconds:.1f} s")
     assert not problems, "\n".join(problems)
