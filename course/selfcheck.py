@@ -21,6 +21,7 @@ fresh random inputs.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -184,7 +185,9 @@ def check_notebook(path: str | Path, timeout: float = 600.0) -> list[ExerciseRes
     nb.cells = keep
     client = notebook_client(
         nb,
-        timeout=timeout,
+        # Whole seconds: nbclient's timeout is an Integer trait, and the traitlets of Colab's
+        # runtime (5.7) refuse a float there.
+        timeout=math.ceil(timeout),
         allow_errors=True,
         kernel_name="python3",
         kernel_manager_class=_local_kernel_manager(),
@@ -329,8 +332,7 @@ def check_my_work(path: str | Path | None = None) -> list[ExerciseResult]:
     else:
         print(f"Checking the saved {nb_path.name} in a fresh kernel (save first: Ctrl-S)...")
     try:
-        # An int: the traitlets of Colab's runtime (5.7) refuse a float for nbclient's timeout.
-        results = check_notebook(nb_path, timeout=600)
+        results = check_notebook(nb_path)
     finally:
         if colab:
             shutil.rmtree(nb_path.parent, ignore_errors=True)
