@@ -731,17 +731,16 @@ def mfu_warnings(results: Sequence[Result]) -> list[str]:
     machine was busy, or the datasheet is not this device's). Said, never clamped (lesson 09)."""
     found = []
     for r in results:
-        for share, peak in (
-            (r.mfu_measured, "the matmul peak measured in this run"),
-            (r.mfu_datasheet, "the datasheet peak"),
+        for share, peak, why in (
+            (
+                r.mfu_measured,
+                "the matmul peak measured in this run",
+                "the peak probe was disturbed (the machine was busy while it ran): rerun on a "
+                "quiet machine",
+            ),
+            (r.mfu_datasheet, "the datasheet peak", "the datasheet entry is not this device's"),
         ):
             if share is not None and share > 1.0:
-                why = (
-                    "the peak probe was disturbed (the machine was busy while it ran): rerun "
-                    "on a quiet machine"
-                    if peak.startswith("the matmul")
-                    else "the datasheet entry is not this device's"
-                )
                 found.append(
                     f"{r.mode}: MFU {share:.0%} is above {peak}, which no step can reach; {why}"
                 )
