@@ -654,10 +654,20 @@ def float8_sentence(profile: DeviceProfile) -> str:
     )
 
 
-def capstone_plan(profile: DeviceProfile) -> dict:
+#: Parity steps per run when ``COURSE_QUICK`` is set (see :func:`capstone_plan`).
+QUICK_STEPS = 4
+
+
+def capstone_plan(profile: DeviceProfile, quick: bool | None = None) -> dict:
     """Lesson 09's choices for this device: model size, benchmark modes and batch, whether
     compile runs, and how many parity steps each 16-bit format gets (300 on a GPU; 200 where
-    the CPU or Apple GPU has it natively, 20 where it is emulated)."""
+    the CPU or Apple GPU has it natively, 20 where it is emulated).
+
+    ``quick`` (default: whether $COURSE_QUICK is set to anything but 0) gives every format
+    :data:`QUICK_STEPS` steps: a smoke run that shows the lesson works end to end, not what it
+    teaches (the tests' browser and hosted-notebook runs use it; the lesson prints the count)."""
+    if quick is None:
+        quick = os.environ.get("COURSE_QUICK", "0") not in ("", "0")
     gpu = profile.kind in ("cuda", "rocm")
     compiled, _ = compile_offered(profile)
     # On a GPU every mode is listed (the benchmark says why one it cannot run is not
@@ -675,9 +685,11 @@ def capstone_plan(profile: DeviceProfile) -> dict:
         "modes": modes,
         "compile": compiled,
         "steps": {
-            "bf16": 300 if gpu else 200 if profile.native_bf16 else 20,
-            "fp16": 300 if gpu else 200 if native_fp16 else 20,
+            "bf16": QUICK_STEPS if quick else 300 if gpu else 200 if profile.native_bf16 else 20,
+            "fp16": QUICK_STEPS if quick else 300 if gpu else 200 if native_fp16 else 20,
         },
+        "native": {"bf16": gpu or profile.native_bf16, "fp16": native_fp16},
+        "quick": quick,
         "batch": 32 if gpu else 8,
     }
 

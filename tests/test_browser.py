@@ -1,6 +1,7 @@
 """The course in a real browser: JupyterLab on loopback, driven by headless Chromium.
 
-JupyterLab is launched as ``python3 run.py lab`` launches it (run.py's ``lab_env``). For every
+JupyterLab is launched as ``python3 run.py lab`` launches it (run.py's ``lab_env``), with
+``COURSE_QUICK`` set (lesson 09 trains a few steps; the suite's seam runs it in full). For every
 lesson, in the student's view: open the solution notebook and see it is not marked modified, run
 all cells (no news prompt), operate the lesson's widget and see its plot or table change, and save
 a screenshot. On lesson 01, press nbgrader's Validate and read the verdict. Then the two views on
@@ -64,6 +65,7 @@ def _start_lab(root: Path, instructor: bool):
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env = _load_run_py().lab_env(instructor, env)
+    env["COURSE_QUICK"] = "1"  # lesson 09 trains a few steps: the seam runs it in full
     name = "instructor" if instructor else "student"
     cmd = [
         sys.executable,

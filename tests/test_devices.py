@@ -413,3 +413,27 @@ def test_no_mps_profile_below_macos_14():
     with pytest.raises(ValueError, match="macOS 14.0 or newer"):
         DeviceProfile(kind="mps", name="Apple M1", os="darwin", os_version=(13, 6))
     assert DeviceProfile(kind="mps", name="Apple M1", os="darwin", os_version=(14, 0)).native_bf16
+
+
+def test_capstone_plan_steps_and_the_quick_smoke_run(monkeypatch):
+    """300 parity steps on a GPU, 200 for a format the CPU has natively, 20 for one it emulates;
+    COURSE_QUICK gives every format QUICK_STEPS and leaves what is native as it is."""
+    monkeypatch.delenv("COURSE_QUICK", raising=False)
+    full = {
+        name: D.capstone_plan(PROFILES[name])
+        for name in ("cpu-avx2", "cpu-avx512bf16", "H100-PCIe")
+    }
+    assert full["H100-PCIe"]["steps"] == {"bf16": 300, "fp16": 300}
+    assert full["cpu-avx512bf16"]["steps"] == {"bf16": 200, "fp16": 20}
+    assert full["cpu-avx2"]["steps"] == {"bf16": 20, "fp16": 20}
+    assert full["cpu-avx512bf16"]["native"] == {"bf16": True, "fp16": False}
+    assert not any(plan["quick"] for plan in full.values())
+    monkeypatch.setenv("COURSE_QUICK", "1")
+    for name, plan in full.items():
+        quick = D.capstone_plan(PROFILES[name])
+        assert quick["quick"] and quick["steps"] == dict.fromkeys(("bf16", "fp16"), D.QUICK_STEPS)
+        assert {k: v for k, v in quick.items() if k not in ("steps", "quick")} == {
+            k: v for k, v in plan.items() if k not in ("steps", "quick")
+        }
+    monkeypatch.setenv("COURSE_QUICK", "0")
+    assert not D.capstone_plan(PROFILES["H100-PCIe"])["quick"]

@@ -4,13 +4,15 @@ The setup cell every lesson opens with is the same in all nine and installs the 
 package alone from the site named in pyproject.toml; offline it says what to do. ``check_my_work``
 reads a Colab notebook from Colab's front end and, on Kaggle, says how to check a download.
 
-The Colab-profile run (``tests/hosted.py``): a lesson's solution, hidden tests removed, runs
-from a kernel of ``.venv-colab/`` (Colab's pins, torch 2.11's view of torch 2.13, the course not
-installed); its setup cell installs the course from a loopback copy of the site's ``pkg/``, must
-leave torch, numpy, IPython, ipykernel and ipywidgets as they were (and install nothing else),
-and the lesson ends with ``check_my_work()``, every exercise passing. The suite runs lesson 01
-this way; ``COURSE_HOSTED_ALL=1`` runs all nine (one at a time: ``-n 0``), and each run's
-seconds are added to ``test-artifacts/hosted-times.json``.
+The Colab-profile run (``tests/hosted.py``), every lesson: its solution, hidden tests removed,
+opened in classic Notebook 6.5.7 (ipywidgets 7's front end, as Colab's) in headless Chromium with
+a kernel of ``.venv-colab/`` (Colab's pins, torch 2.11's view of torch 2.13, the course not
+installed, ``COURSE_QUICK`` set so lesson 09 trains a few steps). Run All: its setup cell
+installs the course from a loopback copy of the site's ``pkg/`` and must leave torch, numpy,
+IPython, ipykernel and ipywidgets as they were (and install nothing else); no cell raises; the
+lesson's widget responds when operated; the lesson ends with ``check_my_work()``, every exercise
+passing. Each run's seconds go to ``test-artifacts/hosted-times.json``, its notebook to
+``test-artifacts/hosted/``.
 """
 
 from __future__ import annotations
@@ -43,12 +45,10 @@ from course.device import (
     start_method,
     torchrun_ranks,
 )
-from course.selfcheck import HIDDEN, notebook_client
+from course.selfcheck import HIDDEN
 from tests import hosted
 from tests.conftest import LESSON_IDS, LESSONS, SOLUTIONS, serving_folder
 
-#: The lessons the suite runs on the Colab profile (the others with COURSE_HOSTED_ALL=1).
-IN_SUITE = ("01-number-formats",)
 NOTEBOOKS = [SOLUTIONS / lesson / f"{lesson}.ipynb" for lesson in LESSON_IDS] + [
     LESSONS / lesson / f"{lesson}.ipynb" for lesson in LESSON_IDS
 ]
@@ -209,111 +209,6 @@ def test_check_my_work_on_kaggle_says_how_to_check_a_download(monkeypatch, tmp_p
 
 
 # --------------------------------------------------------------------------------------------
-# The Colab-profile run
-
-
-def _solution_without_hidden_tests(lesson: str) -> nbformat.NotebookNode:
-    """The lesson's solution as ``check_my_work`` runs it: hidden-test regions removed."""
-    nb = nbformat.read(SOLUTIONS / lesson / f"{lesson}.ipynb", as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.source = HIDDEN.sub("", cell.source)
-    return nb
-
-
-def _lesson_param(lesson: str):
-    marks = [pytest.mark.lesson, pytest.mark.xdist_group("hosted")]
-    if lesson not in IN_SUITE:
-        marks.append(
-            pytest.mark.skipif(
-                not os.environ.get("COURSE_HOSTED_ALL"),
-                reason="the suite runs lesson 01 on the Colab profile; COURSE_HOSTED_ALL=1 all",
-            )
-        )
-    return pytest.param(lesson, marks=marks)
-
-
-def _keep(nb: nbformat.NotebookNode, lesson: str) -> None:
-    """Keep the executed notebook for a person to read: test-artifacts/hosted/LESSON.ipynb."""
-    folder = hosted.ROOT / "test-artifacts" / "hosted"
-    folder.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, folder / f"{lesson}.ipynb")
-
-
-def _record_time(lesson: str, seconds: dict[str, float]) -> None:
-    out = hosted.ROOT / "test-artifacts" / "hosted-times.json"
-    out.parent.mkdir(exist_ok=True)
-    times = json.loads(out.read_text()) if out.is_file() else {}
-    times[lesson] = seconds
-    out.write_text(json.dumps(times, indent=1, sort_keys=True) + "\n")
-
-
-@pytest.mark.parametrize("lesson", [_lesson_param(lesson) for lesson in LESSON_IDS])
-def test_lesson_runs_on_the_colab_profile(lesson, tmp_path, monkeypatch):
-    started = time.monotonic()
-    hosted.ensure_venv()
-    hosted.uninstall_course()
-    venv_s = time.monotonic() - started
-    nb = _solution_without_hidden_tests(lesson)
-    setup = hosted.setup_cell(nb)
-    at = nb.cells.index(setup)
-    before = nbformat.v4.new_code_cell(hosted.INVENTORY)
-    after = nbformat.v4.new_code_cell(hosted.INVENTORY)
-    torch_view = nbformat.v4.new_code_cell(
-        "import torch.nn.functional as _F\n"
-        "print('OLDER_TORCH', getattr(_F.scaled_mm, '__course_older_torch__', False))"
-    )
-    nb.cells[at : at + 1] = [before, setup, after, torch_view]
-    check = nbformat.v4.new_code_cell(
-        "from course.selfcheck import check_my_work\nchecked = check_my_work()\n"
-        "print('CHECKED', [(r.exercise, r.status) for r in checked])"
-    )
-    nb.cells.append(check)
-    work = tmp_path / "work"
-    work.mkdir()
-    path = work / f"{lesson}.ipynb"
-    nbformat.write(nb, path)
-
-    hosted.build_site(tmp_path / "site")
-    try:
-        with serving_folder(tmp_path / "site") as url:
-            monkeypatch.setenv("JUPYTER_PATH", str(hosted.write_kernel(tmp_path / "jupyter", url)))
-            run_started = time.monotonic()
-            client = notebook_client(
-                nb,
-                timeout=1800,
-                kernel_name=hosted.KERNEL,
-                resources={"metadata": {"path": str(work)}},
-            )
-            client.execute()
-            run_s = time.monotonic() - run_started
-    except BaseException:
-        _keep(nb, lesson)
-        raise
-    finally:
-        hosted.uninstall_course()
-    _keep(nb, lesson)
-    old, new = hosted.inventory(before), hosted.inventory(after)
-    assert hosted.DIST not in old, "the course was installed before the setup cell ran"
-    assert "Installed the course's helper package from http://127.0.0.1" in "".join(
-        o.get("text", "") for o in setup.outputs
-    )
-    assert set(new) - set(old) == {hosted.DIST}, "the setup cell installed more than the course"
-    changed = {name for name in old if new.get(name) != old[name]}
-    assert not changed, f"the setup cell changed {sorted(changed)}"
-    for name in hosted.KEPT:
-        assert name in old, f"{name} should be in the Colab profile"
-    printed = "".join(o.get("text", "") for o in torch_view.outputs)
-    assert "OLDER_TORCH True" in printed, "the kernel should see torch as 2.11 does"
-    text = "".join(o.get("text", "") for o in check.outputs if o.get("output_type") == "stream")
-    listed = re.search(r"CHECKED (\[.*\])", text)
-    assert listed, text[-3000:]
-    statuses = ast.literal_eval(listed.group(1))
-    assert statuses and all(s == "passed" for _, s in statuses), text[-3000:]
-    _record_time(lesson, {"venv": round(venv_s, 1), "lesson and check": round(run_s, 1)})
-
-
-# --------------------------------------------------------------------------------------------
 # What a T4 (Colab; two on Kaggle) can show
 
 
@@ -360,13 +255,83 @@ def test_kaggles_two_t4s_run_lesson_06s_ranks_on_both_with_nccl():
 
 
 # --------------------------------------------------------------------------------------------
-# A widget in classic Notebook 6.5.7 (ipywidgets 7's front end, as Colab's)
+# Every lesson in classic Notebook 6.5.7 (ipywidgets 7's front end, as Colab's), from a bare
+# Colab-profile kernel
 
-#: The last cell of the notebook, once it has run, says the run is over.
-_ALL_RAN = """() => {
+
+def _prepared(lesson: str) -> tuple[nbformat.NotebookNode, dict[str, int]]:
+    """The lesson's solution as ``check_my_work`` runs it (hidden-test regions removed), in
+    the Colab-profile kernel, with four cells of the test's own: the installed packages before
+    and after the setup cell, which torch the kernel sees, and ``check_my_work()`` at the end.
+    Returns it and the indices of those cells."""
+    nb = nbformat.read(SOLUTIONS / lesson / f"{lesson}.ipynb", as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.source = HIDDEN.sub("", cell.source)
+    nb.metadata["kernelspec"] = {"name": hosted.KERNEL, "display_name": "Colab profile"}
+    at = nb.cells.index(hosted.setup_cell(nb))
+    torch_view = nbformat.v4.new_code_cell(
+        "import torch.nn.functional as _F\n"
+        "print('OLDER_TORCH', getattr(_F.scaled_mm, '__course_older_torch__', False))"
+    )
+    before, after = (nbformat.v4.new_code_cell(hosted.INVENTORY) for _ in range(2))
+    nb.cells[at : at + 1] = [before, nb.cells[at], after, torch_view]
+    nb.cells.append(
+        nbformat.v4.new_code_cell(
+            "from course.selfcheck import check_my_work\nchecked = check_my_work()\n"
+            "print('CHECKED', [(r.exercise, r.status) for r in checked])"
+        )
+    )
+    return nb, {"before": at, "setup": at + 1, "after": at + 2, "torch": at + 3, "check": -1}
+
+
+def _keep(nb: nbformat.NotebookNode, lesson: str) -> None:
+    """Keep the executed notebook for a person to read: test-artifacts/hosted/LESSON.ipynb."""
+    folder = hosted.ROOT / "test-artifacts" / "hosted"
+    folder.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, folder / f"{lesson}.ipynb")
+
+
+def _record_time(lesson: str, seconds: dict[str, float]) -> None:
+    out = hosted.ROOT / "test-artifacts" / "hosted-times.json"
+    out.parent.mkdir(exist_ok=True)
+    times = json.loads(out.read_text()) if out.is_file() else {}
+    times[lesson] = seconds
+    out.write_text(json.dumps(times, indent=1, sort_keys=True) + "\n")
+
+
+@pytest.fixture(scope="module")
+def classic_notebook(tmp_path_factory):
+    """Notebook 6.5.7 of ``.venv-colab/`` on a loopback port over a work folder, with the
+    Colab-profile kernel (torch 2.11's view, ``COURSE_QUICK`` set: lesson 09 trains a few
+    steps) whose ``COURSE_SITE_URL`` is a loopback copy of the site's ``pkg/``."""
+    from tests.conftest import free_port, serving
+
+    root = tmp_path_factory.mktemp("colab")
+    hosted.ensure_venv()
+    hosted.uninstall_course()
+    hosted.build_site(root / "site")
+    work = root / "work"
+    work.mkdir()
+    port, token = free_port(), "hosted-test"
+    with serving_folder(root / "site") as url:
+        jupyter = hosted.write_kernel(root / "jupyter", url, quick=True)
+        env = dict(os.environ, JUPYTER_PATH=str(jupyter), HOME=str(root))
+        env["JUPYTER_CONFIG_DIR"] = str(root / "config")
+        env["JUPYTER_RUNTIME_DIR"] = str(root / "runtime")
+        cmd = [str(hosted.PYTHON), "-m", "notebook", "--no-browser", "--ip=127.0.0.1"]
+        cmd += [f"--port={port}", f"--NotebookApp.token={token}", "--allow-root"]
+        cmd += [f"--NotebookApp.notebook_dir={work}"]
+        with serving(cmd, port, root / "notebook.log", "Notebook 6.5.7", 120, env=env, cwd=work):
+            yield types.SimpleNamespace(url=f"http://127.0.0.1:{port}", token=token, work=work)
+    hosted.uninstall_course()
+
+
+#: Run All is over: the last cell has run, or a cell raised (Notebook 6 then skips the rest).
+_RUN_OVER = """() => {
     const cells = Jupyter.notebook.get_cells().filter(c => c.cell_type === 'code');
-    const last = cells[cells.length - 1];
-    return typeof last.input_prompt_number === 'number';
+    const raised = cells.some(c => c.output_area.outputs.some(o => o.output_type === 'error'));
+    return raised || typeof cells[cells.length - 1].input_prompt_number === 'number';
 }"""
 
 
@@ -393,87 +358,144 @@ def _wait_for_widget_manager(page, console: list[str], timeout: float = 120.0) -
     )
 
 
-@pytest.mark.browser
-@pytest.mark.xdist_group("hosted")
-def test_lesson_01_widget_responds_in_classic_notebook(tmp_path, browser, shots):
-    """Lesson 01 from a bare Colab-profile kernel in Notebook 6.5.7 with ipywidgets 7.7.1's
-    front end, in headless Chromium: Run All (its setup cell installs the course from the
-    loopback site), then the loss-scale slider, moved with the keyboard, changes the fractions
-    the widget prints; no widget fails to render."""
-    from tests.conftest import free_port, serving
+#: The controls the test knows how to operate in ipywidgets 7, in the order it looks for them
+#: (the lesson's main widget is the first of them, but where WIDGET_ACTION says otherwise).
+CLASSIC_CONTROLS = {
+    "slider": ".widget-hslider .ui-slider-handle",
+    "dropdown": ".widget-dropdown select",
+    "toggle": ".widget-toggle-buttons button:not(.mod-active)",
+    "button": "button.jupyter-button:has-text('Run')",
+}
 
-    lesson = "01-number-formats"
-    hosted.ensure_venv()
+
+def _operate_classic(page, lesson: str) -> tuple[str, str]:
+    """Operate the lesson's widget as a person would; its cell's output text before and after."""
+    from tests.test_browser import WIDGET_ACTION
+
+    action = WIDGET_ACTION.get(lesson) or next(
+        (a for a, sel in CLASSIC_CONTROLS.items() if page.locator(sel).count()), None
+    )
+    assert action, f"{lesson}: no widget control found on the page"
+    selector = CLASSIC_CONTROLS[action]
+    control = page.locator(selector).first
+    cell = page.locator(".cell.code_cell", has=page.locator(selector)).first
+    outputs = cell.locator(".output_wrapper").first
+    control.scroll_into_view_if_needed()
+    before = outputs.inner_html()
+    if action == "slider":  # three steps right with the keyboard
+        control.focus()
+        for _ in range(3):
+            page.keyboard.press("ArrowRight")
+    elif action == "dropdown":
+        chosen = control.input_value()
+        other = next(o for o in control.locator("option").all_inner_texts() if o != chosen)
+        control.select_option(label=other)
+    else:
+        control.click()
+    page.wait_for_function(
+        "([el, before]) => el.innerHTML !== before && !el.innerText.includes('Running')",
+        arg=[outputs.element_handle(), before],
+        timeout=300_000,
+        polling=500,
+    )
+    time.sleep(1.0)
+    return before, outputs.inner_html()
+
+
+def _executed(page) -> nbformat.NotebookNode:
+    """The notebook as the front end holds it now, outputs included."""
+    return nbformat.reads(json.dumps(page.evaluate("() => Jupyter.notebook.toJSON()")), 4)
+
+
+def _raised(nb: nbformat.NotebookNode) -> list[str]:
+    return [
+        "\n".join(o.get("traceback", [])[-3:])[-1500:]
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+        if o.get("output_type") == "error"
+    ]
+
+
+@pytest.mark.browser
+@pytest.mark.lesson
+@pytest.mark.xdist_group("hosted")
+@pytest.mark.parametrize("lesson", LESSON_IDS)
+def test_lesson_runs_on_the_colab_profile_and_its_widget_responds(
+    lesson, classic_notebook, browser, shots
+):
+    """In Notebook 6.5.7 in headless Chromium, from a Colab-profile kernel without the course:
+    Run All (the setup cell installs the course from the loopback site and nothing else; the
+    other packages stay as they were), no cell raises, no widget fails to render, the lesson's
+    widget responds when operated, and ``check_my_work()`` passes every exercise."""
     hosted.uninstall_course()
-    nb = _solution_without_hidden_tests(lesson)
-    nb.metadata["kernelspec"] = {"name": hosted.KERNEL, "display_name": "Colab profile"}
-    work = tmp_path / "work"
-    work.mkdir()
-    nbformat.write(nb, work / f"{lesson}.ipynb")
-    hosted.build_site(tmp_path / "site")
-    port, token = free_port(), "hosted-test"
+    nb, at = _prepared(lesson)
+    folder = classic_notebook.work / lesson
+    folder.mkdir()
+    nbformat.write(nb, folder / f"{lesson}.ipynb")
+    started = time.monotonic()
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    console: list[str] = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    shot = shots / f"colab-profile-{lesson}.png"
+    executed = nb
     try:
-        with serving_folder(tmp_path / "site") as url:
-            jupyter = hosted.write_kernel(tmp_path / "jupyter", url)
-            env = dict(os.environ, JUPYTER_PATH=str(jupyter), HOME=str(tmp_path))
-            env["JUPYTER_CONFIG_DIR"] = str(tmp_path / "config")
-            env["JUPYTER_RUNTIME_DIR"] = str(tmp_path / "runtime")
-            cmd = [str(hosted.PYTHON), "-m", "notebook", "--no-browser", "--ip=127.0.0.1"]
-            cmd += [f"--port={port}", f"--NotebookApp.token={token}", "--allow-root"]
-            cmd += [f"--NotebookApp.notebook_dir={work}"]
-            log = tmp_path / "notebook.log"
-            with serving(cmd, port, log, "Notebook 6.5.7", 120, env=env, cwd=work):
-                page = browser.new_page(viewport={"width": 1280, "height": 900})
-                errors: list[str] = []
-                page.on("pageerror", lambda exc: errors.append(str(exc)))
-                console: list[str] = []
-                page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
-                try:
-                    page.goto(
-                        f"http://127.0.0.1:{port}/notebooks/{lesson}.ipynb?token={token}",
-                        timeout=120_000,
-                    )
-                    page.wait_for_function(
-                        "() => window.Jupyter && Jupyter.notebook && Jupyter.notebook.kernel "
-                        "&& Jupyter.notebook.kernel.is_connected()",
-                        timeout=120_000,
-                    )
-                    _wait_for_widget_manager(page, console)
-                    page.evaluate("() => Jupyter.notebook.execute_all_cells()")
-                    page.wait_for_function(_ALL_RAN, timeout=900_000, polling=1000)
-                    page.screenshot(path=str(shots / "hosted-notebook6-01-ran.png"))
-                    (shots / "hosted-notebook6-01.html").write_text(page.content())
-                    (shots / "hosted-notebook6-01.console").write_text("\n".join(console + errors))
-                    outputs = page.locator(".output_area").all_inner_texts()
-                    assert not any("Error displaying widget" in o for o in outputs)
-                    assert any("Installed the course's helper package" in o for o in outputs)
-                    slider = page.locator(".widget-hslider .ui-slider-handle").first
-                    slider.scroll_into_view_if_needed()
-                    stats = slider.locator("xpath=ancestor::div[contains(@class, 'widget-vbox')]")
-                    html = stats.first.locator(".widget-html-content").first
-                    before = html.inner_text()
-                    assert "underflow" in before and "overflow" in before
-                    plot = stats.first.locator("img").first
-                    plot_before = plot.get_attribute("src")
-                    slider.focus()
-                    for _ in range(12):
-                        page.keyboard.press("ArrowRight")
-                    # Twelve steps right: log2(scale) 0 -> 12, the scale 4096.
-                    page.wait_for_function(
-                        "(el) => el.innerText.includes('= 4096')",
-                        arg=html.element_handle(),
-                        timeout=120_000,
-                    )
-                    after = html.inner_text()
-                    page.wait_for_function(
-                        "([img, old]) => img.getAttribute('src') !== old",
-                        arg=[plot.element_handle(), plot_before],
-                        timeout=120_000,
-                    )
-                    page.screenshot(path=str(shots / "hosted-notebook6-01.png"), full_page=False)
-                finally:
-                    page.close()
+        page.goto(
+            f"{classic_notebook.url}/notebooks/{lesson}/{lesson}.ipynb"
+            f"?token={classic_notebook.token}",
+            timeout=120_000,
+        )
+        page.wait_for_function(
+            "() => window.Jupyter && Jupyter.notebook && Jupyter.notebook.kernel "
+            "&& Jupyter.notebook.kernel.is_connected()",
+            timeout=120_000,
+        )
+        _wait_for_widget_manager(page, console)
+        page.evaluate("() => Jupyter.notebook.execute_all_cells()")
+        page.wait_for_function(_RUN_OVER, timeout=1_200_000, polling=1000)
+        ran_s = time.monotonic() - started
+        executed = _executed(page)
+        raised = _raised(executed)
+        assert not raised, f"{lesson}: cells raised on the Colab profile:\n" + "\n".join(raised)
+        texts = page.locator(".output_area").all_inner_texts()
+        assert not any("Error displaying widget" in t for t in texts), f"{lesson}: a widget failed"
+        before, after = _operate_classic(page, lesson)
+        assert before != after, f"{lesson}: the widget's output did not change"
+        page.screenshot(path=str(shot))
+        page.evaluate("() => Jupyter.notebook.session.delete()")  # stop its kernel
+    except BaseException as exc:
+        try:
+            page.screenshot(path=str(shot))
+        except Exception:  # noqa: BLE001 - the page may be gone
+            pass
+        _keep(executed, lesson)
+        (shots / f"colab-profile-{lesson}.console").write_text("\n".join(console + errors))
+        raise AssertionError(f"{lesson} on the Colab profile: {exc}\nscreenshot: {shot}") from exc
     finally:
+        page.close()
         hosted.uninstall_course()
-    assert "= 4096" in after and after != before
+    _keep(executed, lesson)
+    cells = executed.cells
+    old, new = hosted.inventory(cells[at["before"]]), hosted.inventory(cells[at["after"]])
+    assert hosted.DIST not in old, "the course was installed before the setup cell ran"
+    assert "Installed the course's helper package from http://127.0.0.1" in "".join(
+        o.get("text", "") for o in cells[at["setup"]].outputs
+    )
+    assert set(new) - set(old) == {hosted.DIST}, "the setup cell installed more than the course"
+    changed = {name for name in old if new.get(name) != old[name]}
+    assert not changed, f"the setup cell changed {sorted(changed)}"
+    for name in hosted.KEPT:
+        assert name in old, f"{name} should be in the Colab profile"
+    printed = "".join(o.get("text", "") for o in cells[at["torch"]].outputs)
+    assert "OLDER_TORCH True" in printed, "the kernel should see torch as 2.11 does"
+    text = "".join(o.get("text", "") for o in cells[-1].outputs if o.get("output_type") == "stream")
+    listed = re.search(r"CHECKED (\[.*\])", text)
+    assert listed, text[-3000:]
+    statuses = ast.literal_eval(listed.group(1))
+    assert statuses and all(s == "passed" for _, s in statuses), text[-3000:]
     assert not [e for e in errors if "widget" in e.lower()], errors
+    _record_time(
+        lesson, {"run all": round(ran_s, 1), "total": round(time.monotonic() - started, 1)}
+    )

@@ -28,7 +28,7 @@ from grader.tests.corpus import CASES, LESSON, REJECTED, write_case
 
 SOURCE = REPO_ROOT / "grader" / "tests" / "fixtures" / "solutions" / LESSON / f"{LESSON}.ipynb"
 TESTS = ("double_tests", "halve_tests", "triple_tests")
-LIMITS = dict(cell_timeout=60, notebook_timeout=300, memory_mb=4096, nproc=128, fsize_mb=64)
+LIMITS = dict(cell_timeout=20, notebook_timeout=300, memory_mb=4096, nproc=128, fsize_mb=64)
 #: Batches graded apart. Group 0 holds the honest students and the cases the module-wide tests
 #: (export, feedback, re-run, flags) read; the others are spread over the rest.
 GROUPS = 4
