@@ -654,8 +654,9 @@ def float8_sentence(profile: DeviceProfile) -> str:
     )
 
 
-#: Parity steps per run when ``COURSE_QUICK`` is set (see :func:`capstone_plan`).
-QUICK_STEPS = 4
+#: Parity steps per run, and held-out tokens they are judged on, when ``COURSE_QUICK`` is set
+#: (see :func:`capstone_plan`).
+QUICK_STEPS, QUICK_VAL_TOKENS = 4, 4096
 
 
 def capstone_plan(profile: DeviceProfile, quick: bool | None = None) -> dict:
@@ -664,8 +665,9 @@ def capstone_plan(profile: DeviceProfile, quick: bool | None = None) -> dict:
     the CPU or Apple GPU has it natively, 20 where it is emulated).
 
     ``quick`` (default: whether $COURSE_QUICK is set to anything but 0) gives every format
-    :data:`QUICK_STEPS` steps: a smoke run that shows the lesson works end to end, not what it
-    teaches (the tests' browser and hosted-notebook runs use it; the lesson prints the count)."""
+    :data:`QUICK_STEPS` steps judged on the first :data:`QUICK_VAL_TOKENS` held-out tokens
+    (``val_tokens``; None: all of them): a smoke run that shows the lesson works end to end, not
+    what it teaches (the tests' browser and hosted-notebook runs use it; the lesson says so)."""
     if quick is None:
         quick = os.environ.get("COURSE_QUICK", "0") not in ("", "0")
     gpu = profile.kind in ("cuda", "rocm")
@@ -689,6 +691,7 @@ def capstone_plan(profile: DeviceProfile, quick: bool | None = None) -> dict:
             "fp16": QUICK_STEPS if quick else 300 if gpu else 200 if native_fp16 else 20,
         },
         "native": {"bf16": gpu or profile.native_bf16, "fp16": native_fp16},
+        "val_tokens": QUICK_VAL_TOKENS if quick else None,
         "quick": quick,
         "batch": 32 if gpu else 8,
     }

@@ -432,8 +432,10 @@ def test_capstone_plan_steps_and_the_quick_smoke_run(monkeypatch):
     for name, plan in full.items():
         quick = D.capstone_plan(PROFILES[name])
         assert quick["quick"] and quick["steps"] == dict.fromkeys(("bf16", "fp16"), D.QUICK_STEPS)
-        assert {k: v for k, v in quick.items() if k not in ("steps", "quick")} == {
-            k: v for k, v in plan.items() if k not in ("steps", "quick")
+        assert plan["val_tokens"] is None and quick["val_tokens"] == D.QUICK_VAL_TOKENS
+        smoke = ("steps", "quick", "val_tokens")
+        assert {k: v for k, v in quick.items() if k not in smoke} == {
+            k: v for k, v in plan.items() if k not in smoke
         }
     monkeypatch.setenv("COURSE_QUICK", "0")
     assert not D.capstone_plan(PROFILES["H100-PCIe"])["quick"]
