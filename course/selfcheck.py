@@ -143,19 +143,26 @@ def poll_in_slices(channel: Any, every: float = 1.0) -> None:
                 if left is not None and left <= every:
                     raise
 
+    get_msg.polls_every = every
     channel.get_msg = get_msg
 
 
 def notebook_client(nb: nbformat.NotebookNode, **kwargs: Any) -> Any:
-    """An nbclient ``NotebookClient`` for ``nb`` whose shell channel polls in slices
+    """An nbclient ``NotebookClient`` for ``nb`` whose shell and IOPub channels poll in slices
     (:func:`poll_in_slices`): the check here, and the course's tests and benchmark."""
     from nbclient import NotebookClient
+    from nbclient.util import run_sync
 
     class Client(NotebookClient):
         async def async_start_new_kernel_client(self) -> Any:
             kc = await super().async_start_new_kernel_client()
             poll_in_slices(kc.shell_channel)
+            poll_in_slices(kc.iopub_channel)
             return kc
+
+        # nbclient's synchronous name wraps the base class's coroutine when the class is made,
+        # so ``setup_kernel`` (the suite's seam) would bypass the override above: wrap ours.
+        start_new_kernel_client = run_sync(async_start_new_kernel_client)
 
     return Client(nb, **kwargs)
 

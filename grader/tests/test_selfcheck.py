@@ -95,3 +95,37 @@ def test_a_reply_a_poll_missed_is_found_within_a_slice():
     unsliced = MissesWakeUps(arrives_after=0.2)
     with pytest.raises(asyncio.TimeoutError):  # what the slices prevent: the wait to the end
         run(asyncio.wait_for(unsliced.get_msg(timeout=30.0), 2.0))
+
+
+def test_every_way_of_starting_the_kernel_polls_both_channels_in_slices():
+    """nbclient's ``setup_kernel`` (how the suite's seam keeps a lesson's kernel) and its
+    ``execute`` (how the check runs) both get channels that poll in slices: the seam once
+    waited out a cell's whole 900 s limit after lesson 05's widget cell because its sync path
+    kept nbclient's own kernel client."""
+    import nbformat
+
+    from course.selfcheck import notebook_client
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print('ok')")]
+    client = notebook_client(nb, kernel_name="python3", timeout=60)
+    with client.setup_kernel():
+        for channel in (client.kc.shell_channel, client.kc.iopub_channel):
+            assert getattr(channel.get_msg, "polls_every", None) == 1.0, channel
+        client.execute_cell(nb.cells[0], 0)
+    assert nb.cells[0].outputs[0]["text"] == "ok\n"
+    seen = []
+
+    class Recording(type(client)):
+        async def async_start_new_kernel_client(self):
+            kc = await super().async_start_new_kernel_client()
+            seen.append(
+                [
+                    getattr(c.get_msg, "polls_every", None)
+                    for c in (kc.shell_channel, kc.iopub_channel)
+                ]
+            )
+            return kc
+
+    Recording(nb, kernel_name="python3", timeout=60).execute()
+    assert seen == [[1.0, 1.0]]
