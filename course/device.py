@@ -659,17 +659,16 @@ def float8_sentence(profile: DeviceProfile) -> str:
 QUICK_STEPS, QUICK_VAL_TOKENS = 4, 4096
 
 
-def capstone_plan(profile: DeviceProfile, quick: bool | None = None) -> dict:
+def capstone_plan(profile: DeviceProfile) -> dict:
     """Lesson 09's choices for this device: model size, benchmark modes and batch, whether
     compile runs, and how many parity steps each 16-bit format gets (300 on a GPU; 200 where
     the CPU or Apple GPU has it natively, 20 where it is emulated).
 
-    ``quick`` (default: whether $COURSE_QUICK is set to anything but 0) gives every format
+    ``COURSE_QUICK`` set to anything but 0 (``quick``) gives every format
     :data:`QUICK_STEPS` steps judged on the first :data:`QUICK_VAL_TOKENS` held-out tokens
     (``val_tokens``; None: all of them): a smoke run that shows the lesson works end to end, not
     what it teaches (the tests' browser and hosted-notebook runs use it; the lesson says so)."""
-    if quick is None:
-        quick = os.environ.get("COURSE_QUICK", "0") not in ("", "0")
+    quick = os.environ.get("COURSE_QUICK", "0") not in ("", "0")
     gpu = profile.kind in ("cuda", "rocm")
     compiled, _ = compile_offered(profile)
     # On a GPU every mode is listed (the benchmark says why one it cannot run is not

@@ -126,10 +126,10 @@ del _util, _spec, _older
 """
 
 
-def write_kernel(folder: Path, site: str, quick: bool = False) -> Path:
+def write_kernel(folder: Path, site: str) -> Path:
     """A kernelspec :data:`KERNEL` under ``folder`` (add ``folder`` to JUPYTER_PATH): Python of
     ``.venv-colab/``, torch 2.11's view (an IPython startup file), ``COURSE_SITE_URL=site``,
-    and with ``quick`` ``COURSE_QUICK=1`` (lesson 09 trains a few steps)."""
+    and ``COURSE_QUICK=1`` (lesson 09 trains a few steps)."""
     ipython = folder / "ipython"
     startup = ipython / "profile_default" / "startup"
     startup.mkdir(parents=True)
@@ -147,7 +147,7 @@ def write_kernel(folder: Path, site: str, quick: bool = False) -> Path:
                 "env": {
                     "IPYTHONDIR": str(ipython),
                     "COURSE_SITE_URL": site,
-                    **({"COURSE_QUICK": "1"} if quick else {}),
+                    "COURSE_QUICK": "1",
                 },
             },
             indent=1,

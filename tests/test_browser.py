@@ -1,7 +1,6 @@
 """The course in a real browser: JupyterLab on loopback, driven by headless Chromium.
 
-JupyterLab is launched as ``python3 run.py lab`` launches it (run.py's ``lab_env``), with
-``COURSE_QUICK`` set (lesson 09 trains a few steps; the suite's seam runs it in full). For the
+JupyterLab is launched as ``python3 run.py lab`` launches it (run.py's ``lab_env``). For the
 lessons in :data:`LIVE`, in the student's view: open the solution notebook and see it is not
 marked modified, run all cells (no news prompt), operate the lesson's widget and see its plot or
 table change, and save a screenshot. (Every lesson's widget is operated live in classic Notebook
@@ -37,8 +36,6 @@ from tests.conftest import free_port, serving
 #: (an integer slider and nbgrader's Validate; toggle buttons; a log slider with a dropdown; a
 #: selection slider with a dropdown). Each costs a whole run of its lesson in the browser.
 LIVE = ("01-number-formats", "03-autocast", "04-batchnorm", "05-accumulation")
-#: How to operate each lesson's main widget, where the default (first slider) is not it.
-WIDGET_ACTION: dict[str, str] = {"09-capstone": "button"}
 VALIDATE_LESSONS = {"01-number-formats"}
 #: The released lesson the view tests open, as a student gets it.
 RELEASED = "01-number-formats"
@@ -73,7 +70,6 @@ def _start_lab(root: Path, instructor: bool):
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env = _load_run_py().lab_env(instructor, env)
-    env["COURSE_QUICK"] = "1"  # lesson 09 trains a few steps: the seam runs it in full
     name = "instructor" if instructor else "student"
     cmd = [
         sys.executable,
@@ -213,9 +209,7 @@ def _widget_cell(page, action: str):
 
 def _operate(page, lesson: str) -> tuple[str, str]:
     """Operate the lesson's widget; returns its cell's output HTML before and after."""
-    action = WIDGET_ACTION.get(lesson)
-    if action is None:
-        action = next((a for a, sel in CONTROLS.items() if _panel(page).locator(sel).count()), None)
+    action = next((a for a, sel in CONTROLS.items() if _panel(page).locator(sel).count()), None)
     assert action, f"{lesson}: no widget control found on the page"
     control, cell = _widget_cell(page, action)
     control.scroll_into_view_if_needed()

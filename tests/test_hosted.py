@@ -315,7 +315,7 @@ def classic_notebook(tmp_path_factory):
     work.mkdir()
     port, token = free_port(), "hosted-test"
     with serving_folder(root / "site") as url:
-        jupyter = hosted.write_kernel(root / "jupyter", url, quick=True)
+        jupyter = hosted.write_kernel(root / "jupyter", url)
         env = dict(os.environ, JUPYTER_PATH=str(jupyter), HOME=str(root))
         env["JUPYTER_CONFIG_DIR"] = str(root / "config")
         env["JUPYTER_RUNTIME_DIR"] = str(root / "runtime")
@@ -358,6 +358,8 @@ def _wait_for_widget_manager(page, console: list[str], timeout: float = 120.0) -
     )
 
 
+#: How to operate each lesson's main widget, where the first control found is not it.
+WIDGET_ACTION: dict[str, str] = {"09-capstone": "button"}
 #: The controls the test knows how to operate in ipywidgets 7, in the order it looks for them
 #: (the lesson's main widget is the first of them, but where WIDGET_ACTION says otherwise).
 CLASSIC_CONTROLS = {
@@ -370,8 +372,6 @@ CLASSIC_CONTROLS = {
 
 def _operate_classic(page, lesson: str) -> tuple[str, str]:
     """Operate the lesson's widget as a person would; its cell's output text before and after."""
-    from tests.test_browser import WIDGET_ACTION
-
     action = WIDGET_ACTION.get(lesson) or next(
         (a for a, sel in CLASSIC_CONTROLS.items() if page.locator(sel).count()), None
     )
