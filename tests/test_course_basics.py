@@ -213,3 +213,22 @@ def test_overflow_fraction_counts_infs_after_scaling():
 def test_check_close_reports_a_nan_where_a_number_was_expected():
     with pytest.raises(checks.CheckFailed, match=r"worst at index \[1\]: expected 2.0, got nan"):
         checks.check_close(torch.tensor([1.0, math.nan, 3.5]), torch.tensor([1.0, 2.0, 3.0]), "x")
+
+
+def test_the_course_config_loads_without_torch():
+    """nbgrader loads the course's config (which imports ``course.selfcheck``) on every command
+    and every graded submission: ``course`` imports torch only when a lesson uses it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, course.selfcheck, grader.execute\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+        "from course import setup, DeviceProfile\n"
+        "assert 'torch' in sys.modules and setup.__module__ == 'course.device'\n"
+        "assert course.selfcheck is sys.modules['course.selfcheck']\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        course.nope  # noqa: B018 - the attribute access is the test
