@@ -3,17 +3,17 @@
 ``python -m grader.audit LESSON [--seeds N] [--time-cap S] [--exercise ID] [--variants]`` runs
 the lesson's source notebook once in one kernel (:class:`grader.seam.LessonKernel`), then each
 exercise's solution and test cell on up to ``N`` fresh grading keys; with ``--variants`` also
-every valid and wrong variant of ``tests/variants/lNN_*.py`` and each solution made to warn and
-to log (:func:`make_noisy`). A run is unfair when a correct version loses a point or a wrong one
-earns one; the report lists each with the key and student that replay it. Exit status 1 when any
-was found. Zero unfair runs in ``N`` seeds bounds the rate below about ``3/N`` (95%).
+every valid and wrong variant of its grading package (:mod:`grader.lessons`) and each solution
+made to warn and to log (:func:`make_noisy`). A run is unfair when a correct version loses a
+point or a wrong one earns one; the report lists each with the key and student that replay it.
+Exit status 1 when any was found. Zero unfair runs in ``N`` seeds bounds the rate below about
+``3/N`` (95%).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
-import importlib.util
 import json
 import secrets
 import subprocess
@@ -25,6 +25,7 @@ from pathlib import Path
 
 from grader import REPO_ROOT
 from grader.keys import seed_for
+from grader.lessons import LESSONS
 from grader.seam import LessonKernel, SeamError
 
 SOLUTION = "solution"
@@ -85,28 +86,19 @@ class ExerciseAudit:
         return bool(self.failures or self.errors)
 
 
-def _variant_modules(lesson: str, root: Path) -> Iterator[object]:
-    """The modules of ``root/tests/variants/lNN_*.py`` whose ``LESSON`` is ``lesson``.
-
-    The files are loaded by path (they are not part of the installed package).
-    """
-    for path in sorted((root / "tests" / "variants").glob("l[0-9][0-9]_*.py")):
-        spec = importlib.util.spec_from_file_location(f"_audit_variants_{path.stem}", path)
-        if spec is None or spec.loader is None:
-            continue
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        if getattr(module, "LESSON", None) == lesson:
-            yield module
+def _variant_modules(lesson: str) -> Iterator[object]:
+    """The lesson's variants module (its grading package's ``variants``), if it has one."""
+    if lesson in LESSONS:
+        yield LESSONS[lesson].variants()
 
 
 def valid_variants(lesson: str, root: Path = REPO_ROOT) -> dict[str, tuple[str, str]]:
-    """``{name: (grade_id, source)}``: the valid alternatives for ``lesson`` in ``tests/variants/``.
+    """``{name: (grade_id, source)}``: the valid alternatives for ``lesson`` (``VALID``).
 
     With them, every exercise's solution made to warn and to log (:func:`noisy_variants`).
     """
     found: dict[str, tuple[str, str]] = {}
-    for module in _variant_modules(lesson, root):
+    for module in _variant_modules(lesson):
         found.update(getattr(module, "VALID", {}))
     notebook = root / "solutions" / lesson / f"{lesson}.ipynb"
     if notebook.is_file():
@@ -176,14 +168,14 @@ def noisy_variants(
     return found
 
 
-def wrong_variants(lesson: str, root: Path = REPO_ROOT) -> dict[str, tuple[str, str]]:
+def wrong_variants(lesson: str) -> dict[str, tuple[str, str]]:
     """``{name: (grade_id, source)}``: the wrong answers (``VARIANTS``) for ``lesson``.
 
     Each replaces the solution cell of exercise ``grade_id``, as ``tests/test_lessons.py`` runs
     them; every one must score zero on ``<grade_id>_tests``.
     """
     found: dict[str, tuple[str, str]] = {}
-    for module in _variant_modules(lesson, root):
+    for module in _variant_modules(lesson):
         found.update(getattr(module, "VARIANTS", {}))
     return found
 
@@ -397,11 +389,9 @@ def checkout_state(root: Path, lesson: str) -> tuple[str | None, list[str]]:
     notebook folder, variants and judges): the audit grades the files as they are, not the
     commit."""
     commit = _git(root, "log", "-1", "--format=%h").strip() or None
-    paths = [
-        f"solutions/{lesson}",
-        f"tests/variants/l{lesson[:2]}_*",
-        f"grader/judges/l{lesson[:2]}_*",
-    ]
+    paths = [f"solutions/{lesson}"]
+    if lesson in LESSONS:
+        paths.append(str(LESSONS[lesson].folder.relative_to(REPO_ROOT)))
     changed = _git(root, "status", "--short", "--", *paths).splitlines()
     return commit, [line[3:] for line in changed]
 
@@ -477,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no solution notebook {notebook}")
     use_variants = args.variants or bool(args.variant)
     valid = valid_variants(args.lesson, args.root) if use_variants else {}
-    wrong = wrong_variants(args.lesson, args.root) if use_variants and not args.no_wrong else {}
+    wrong = wrong_variants(args.lesson) if use_variants and not args.no_wrong else {}
     if args.variant:
         known = {SOLUTION, *valid, *wrong}
         missing = sorted(set(args.variant) - known)

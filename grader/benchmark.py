@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import shutil
@@ -24,23 +23,15 @@ from pathlib import Path
 import nbformat
 
 from grader import REPO_ROOT
+from grader.audit import wrong_variants
 from grader.settings import TIMING_ENV
-
-
-def _variants(lesson: str) -> dict[str, tuple[str, str]]:
-    variants_dir = REPO_ROOT / "tests" / "variants"
-    for path in sorted(variants_dir.glob("l[0-9][0-9]_*.py")):
-        module = importlib.import_module(f"tests.variants.{path.stem}")
-        if module.LESSON == lesson:
-            return dict(module.VARIANTS)
-    return {}
 
 
 def make_class(lesson: str, count: int, dest: Path) -> dict[str, Path]:
     """``count`` submissions of ``lesson``: the solution and its wrong variants in turn."""
     source = REPO_ROOT / "solutions" / lesson / f"{lesson}.ipynb"
     kinds: list[tuple[str, str | None, str | None]] = [("right", None, None)]
-    kinds += [(name, gid, src) for name, (gid, src) in _variants(lesson).items()]
+    kinds += [(name, gid, src) for name, (gid, src) in wrong_variants(lesson).items()]
     out: dict[str, Path] = {}
     for i in range(count):
         name, gid, src = kinds[i % len(kinds)]

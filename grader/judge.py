@@ -1,6 +1,7 @@
 """The judges of hidden tests: they run in the grader's own process, never in a kernel.
 
-``grader/judges/lNN_<lesson>.py`` defines ``JUDGES = {grade_id: (exercise, judge)}``;
+A lesson's ``judge`` module (its grading package, :mod:`grader.lessons`) defines
+``JUDGES = {grade_id: (exercise, judge)}``;
 ``judge(observations)`` rebuilds the driver's inputs from ``observations.seed``, runs the
 reference, compares with what the driver observed, in its order, and raises
 ``course.checks.CheckFailed`` (the student's message) when the answer is wrong.
@@ -12,19 +13,17 @@ error output, which nbgrader scores 0. The sandbox mounts nothing of ``grader/``
 from __future__ import annotations
 
 import functools
-import importlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from grader.lessons import LESSONS
 from grader.observations import MIME, ObservationError, Observations, decode
 
 if TYPE_CHECKING:  # nbformat is the grader's; a plain Python process (the GPU check) lacks it
     from nbformat import NotebookNode
-
-JUDGES_DIR = Path(__file__).with_name("judges")
 
 
 @dataclass(frozen=True)
@@ -36,11 +35,6 @@ class Judge:
     judge: Callable[[Observations], None]
 
 
-def module_name(lesson: str) -> str:
-    """The judges' module of ``lesson`` (``01-number-formats`` -> ``l01_number_formats``)."""
-    return "l" + lesson.replace("-", "_")
-
-
 @functools.cache
 def judges(lesson: str | None = None) -> dict[str, Judge]:
     """The judges of ``lesson`` (every lesson's when None), by the grade id of the test cell.
@@ -49,10 +43,9 @@ def judges(lesson: str | None = None) -> dict[str, Judge]:
     stays out of the nbgrader process).
     """
     found: dict[str, Judge] = {}
-    pattern = f"{module_name(lesson)}.py" if lesson else "l[0-9][0-9]_*.py"
-    for path in sorted(JUDGES_DIR.glob(pattern)):
-        module = importlib.import_module(f"grader.judges.{path.stem}")
-        for grade_id, (exercise, fn) in module.JUDGES.items():
+    chosen = [LESSONS[lesson]] if lesson in LESSONS else [] if lesson else list(LESSONS.values())
+    for entry in chosen:
+        for grade_id, (exercise, fn) in entry.judge().JUDGES.items():
             if grade_id in found:
                 raise RuntimeError(f"two judges for {grade_id!r}")
             found[grade_id] = Judge(grade_id, exercise, fn)
@@ -65,13 +58,15 @@ def exposed() -> str | None:
     The sandbox mounts the Python installation and the virtual environment: a grader installed
     into the venv (not editable) would put its judges there.
     """
-    where = JUDGES_DIR.resolve()
-    for mounted in {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}:
-        if where.is_relative_to(mounted):
-            return (
-                f"the hidden tests' judges ({where}) lie in {mounted}, which the sandbox mounts: "
-                "install the course editable (pip install -e .) so that they stay outside it"
-            )
+    for entry in LESSONS.values():
+        where = entry.folder.resolve()
+        for mounted in {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}:
+            if where.is_relative_to(mounted):
+                return (
+                    f"the hidden tests' judges ({where}) lie in {mounted}, which the sandbox "
+                    "mounts: install the course editable (pip install -e .) so that they stay "
+                    "outside it"
+                )
     return None
 
 

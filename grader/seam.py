@@ -287,7 +287,7 @@ class LessonKernel:
 
     @property
     def lesson(self) -> str:
-        """The lesson's id: the notebook's name (its judges are :mod:`grader.judges`' module)."""
+        """The lesson's id: the notebook's name (its grading: :mod:`grader.lessons`)."""
         return self.path.stem
 
     @staticmethod

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.server
-import importlib
 import json
 import os
 import shutil
@@ -22,6 +21,7 @@ import pytest
 from grader import REPO_ROOT
 from grader.audit import noisy_variants
 from grader.gradebook import CellScore
+from grader.lessons import LESSONS as GRADING
 from grader.release import lesson_ids
 from grader.seam import ExerciseRun, LessonKernel
 
@@ -41,19 +41,13 @@ LESSON_IDS = lesson_ids(SOLUTIONS)
 
 
 def _load_variants() -> tuple[dict[str, dict[str, tuple[str, str]]], dict[str, dict]]:
-    """Wrong and valid versions of exercises, from ``tests/variants/l<NN>_*.py``.
-
-    Each module defines ``LESSON`` (the lesson id), ``VARIANTS`` (wrong solutions) and optionally
-    ``VALID`` (correct solutions written differently), both dicts
-    ``{name: (grade_id, source of the solution cell)}``. Every wrong variant must score zero on
-    its exercise's test cell (``<grade_id>_tests``); every valid one must keep full marks.
+    """Wrong (``VARIANTS``) and valid (``VALID``) versions of each lesson's exercises, from its
+    grading package (:mod:`grader.lessons`): ``{lesson: {name: (grade_id, source of the solution
+    cell)}}``. Every wrong variant must score zero on its exercise's test cell
+    (``<grade_id>_tests``); every valid one must keep full marks.
     """
-    wrong: dict[str, dict[str, tuple[str, str]]] = {}
-    valid: dict[str, dict[str, tuple[str, str]]] = {}
-    for path in sorted((Path(__file__).parent / "variants").glob("l[0-9][0-9]_*.py")):
-        module = importlib.import_module(f"tests.variants.{path.stem}")
-        wrong[module.LESSON] = dict(module.VARIANTS)
-        valid[module.LESSON] = dict(getattr(module, "VALID", {}))
+    wrong = {lesson: dict(e.variants().VARIANTS) for lesson, e in GRADING.items()}
+    valid = {lesson: dict(getattr(e.variants(), "VALID", {})) for lesson, e in GRADING.items()}
     return wrong, valid
 
 

@@ -35,8 +35,8 @@ import nbformat
 import pytest
 
 from grader import REPO_ROOT
+from grader.lessons.l01_number_formats.variants import VALID
 from tests.test_browser import _start_lab
-from tests.variants.l01_number_formats import VALID
 
 LESSON = "01-number-formats"
 POINTS = {

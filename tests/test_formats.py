@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from grader.judges.l01_number_formats import safe_scale_inputs, underflow_inputs
+from grader.lessons.l01_number_formats.judge import safe_scale_inputs, underflow_inputs
 
 SEEDS = range(200)
 TIE = 2.0**-25

@@ -86,7 +86,7 @@ def test_meta_flop_count_follows_the_lessons_conventions():
 def functions_file(tmp_path_factory):
     """The solution's distributed_step and checkpoint functions, written out as the notebook
     writes a learner's (course.gpt_train.FUNCTIONS_HEADER, then their source)."""
-    from tests.variants.l09_capstone import STEP_SOLUTION
+    from grader.lessons.l09_capstone.variants import STEP_SOLUTION
 
     path = tmp_path_factory.mktemp("steps") / "my_step.py"
     path.write_text(T.FUNCTIONS_HEADER + STEP_SOLUTION)
@@ -166,7 +166,7 @@ def test_judge_reference_reproduces_the_launched_solution(functions_file):
     on one thread as the judge runs it (each rank runs on one thread here: a CPU matmul's bits
     may depend on how many threads share it)."""
     from course.device import one_cpu_thread as one_thread
-    from grader.judges.l09_capstone import reference_run
+    from grader.lessons.l09_capstone.judge import reference_run
 
     spec = replace(T.graded_spec(7), steps=3)
     got = launch(
@@ -229,7 +229,7 @@ def test_resume_into_a_model_off_the_cpu(tmp_path, functions_file, monkeypatch):
     onto the CPU, so torch.set_rng_state gets a CPU ByteTensor and the generator, position, scale
     and schedule come back as they do on the CPU; a load mapped to the model's device hands it a
     meta tensor, refused as a CUDA one is on a GPU machine."""
-    from tests.variants.l09_capstone import STEP_SOLUTION
+    from grader.lessons.l09_capstone.variants import STEP_SOLUTION
 
     spec = replace(T.graded_spec(3, str(tmp_path / "run.pt")), steps=2, save_at=(2,))
     T.train(spec, torch.device("cpu"), T.load_functions(functions_file))  # one process: rank 0
@@ -271,7 +271,7 @@ def test_graded_run_grows_the_scale_in_every_draw():
     (the saved schedule has moved). The judge's own builder and replay, 200 seeds (each replay
     stops at the first step taken)."""
     from course.device import one_cpu_thread as one_thread
-    from grader.judges.l09_capstone import reference_run
+    from grader.lessons.l09_capstone.judge import reference_run
 
     with one_thread():
         for seed in range(200):
@@ -285,7 +285,7 @@ def test_cuda_generators_stand_in_finds_a_checkpoint_without_them(tmp_path, func
     """cuda_generators_round_trip, as lesson 09's tests run it: the solution saves and restores
     the (stood-in) CUDA generators; a checkpoint with the CPU generator only does not; outside
     the block torch.cuda is itself again."""
-    from tests.variants.l09_capstone import VARIANTS
+    from grader.lessons.l09_capstone.variants import VARIANTS
 
     available, get_all = torch.cuda.is_available, torch.cuda.get_rng_state_all
     spec = T.graded_spec(4)

@@ -167,7 +167,7 @@ def test_student_globals_named_like_the_tests_names_are_kept(graded, lesson):
 
 
 def test_converted_hidden_tests_are_drivers_with_judges():
-    """A hidden test with a judge (grader/judges/) is a driver and nothing else: it defines no
+    """A hidden test with a judge (grader/lessons/) is a driver and nothing else: it defines no
     function, class or lambda (no reference can hide in it), ends with ``_obs.done()``, and every
     driver has a judge and every judge a driver (no exercise is half converted)."""
     import nbformat

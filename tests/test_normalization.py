@@ -403,7 +403,7 @@ def test_the_judges_dtype_hint_names_the_list_only_for_instance_norm_and_rms_nor
     # the normalization layers left off it; any other layer gets the general rule.
     from course.checks import CheckFailed
     from course.normalization import OTHER_NORM_TYPES
-    from grader.judges.l04_batchnorm import _check_dtypes
+    from grader.lessons.l04_batchnorm.judge import _check_dtypes
 
     def message(type_name: str, tname: str) -> str:
         table = [["0.1", type_name, False, [[tname, torch.float32]]]]

@@ -24,7 +24,7 @@ from course.sharded import (
     sharded_worker,
     single_process_run,
 )
-from grader.judges.l07_sharded import (
+from grader.lessons.l07_sharded.judge import (
     SPLIT_SIZES,
     _unit_bytes,
     bf16_bracket,

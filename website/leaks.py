@@ -2,8 +2,9 @@
 
 :func:`forbidden` collects the lines (20 characters or more, whitespace-normalised, terminal
 escape codes removed) of every solution region, written answer and hidden test in
-``solutions/``, of every ``grader/`` module (its judges included) and of every example answer in
-``tests/variants/``, less the lines that the students get anyway (``lessons/``, ``course/``).
+``solutions/`` and of every ``grader/`` module (each lesson's judges and example answers
+included: :mod:`grader.lessons`), less the lines that the students get anyway (``lessons/``,
+``course/``).
 :func:`site_lines` reads every file under a built site, archives unpacked, HTML as its text and
 JSON strings decoded, and a forbidden line is found there as a line or inside a longer one (a
 traceback's ``----> 7`` line quoting it), however the page encodes it. The builder uses both as
@@ -140,8 +141,6 @@ def forbidden(root: Path) -> set[str]:
     for path in sorted((root / "solutions").rglob("*.ipynb")):
         lines |= answer_lines(path)
     for path in sorted((root / "grader").rglob("*.py")):
-        lines |= _lines(path.read_text(encoding="utf-8"))
-    for path in sorted((root / "tests" / "variants").rglob("*.py")):
         lines |= _lines(path.read_text(encoding="utf-8"))
     return not_given(lines, root)
 

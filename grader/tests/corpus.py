@@ -665,7 +665,7 @@ def _forge_observations(name, *args):
 def _read_the_judges(name, *args):
     # The judges' module by import, then from the course's own folder on disk.
     try:
-        import grader.judges.l01_number_formats as judges
+        import grader.lessons.l01_number_formats.judge as judges
 
         return getattr(judges, name, None)
     except Exception:
@@ -783,7 +783,7 @@ def write_l01_attack(student: str, source_nb: Path, dest_dir: Path, ctx: dict) -
 # point the grader gave away. Each heavy look prints an ``ATTACK-REPORT`` line (what each finder
 # scanned and found, what was tried and used) that the test reads, so an attack that silently
 # does nothing fails the test. A control exercise with a hidden test of the old kind (its
-# reference in the kernel, in sys.modules under grader.judges and in a judges file on disk) shows
+# reference in the kernel, in sys.modules under grader.lessons and in a judge file on disk) shows
 # that the same finders beat it.
 
 KIND_KIT = r'''import ast as _ast
@@ -835,7 +835,7 @@ def _origin(fn):
     if name.startswith("<grader"):
         return "harness"
     if module.startswith("grader") or any(
-        part in name for part in ("/grader/", "judges", "solutions")
+        part in name for part in ("/grader/", "judge", "solutions")
     ):
         return "grader"
     return None
@@ -846,7 +846,7 @@ def _suspect_file(name):
     a test cell, the grader's files, judges or solutions; not the harness's own code."""
     if name.startswith("<grader"):
         return False
-    return name.startswith("<test cell") or any(p in name for p in ("grader", "judges", "solution"))
+    return name.startswith("<test cell") or any(p in name for p in ("grader", "judge", "solution"))
 
 
 def _describe(fn):
@@ -1125,7 +1125,7 @@ def _by_judges(report, *_):
         if str(name).startswith("grader") and module is not None:
             modules.append(name)
             found.extend(v for v in vars(module).values() if type(v) is _types.FunctionType)
-    for name in ("grader.judges", "grader.judge", "grader"):
+    for name in ("grader.lessons", "grader.judge", "grader"):
         try:
             module = _importlib.import_module(name)
             modules.append(name)
@@ -1135,9 +1135,9 @@ def _by_judges(report, *_):
     try:
         import pkgutil
 
-        judges = _importlib.import_module("grader.judges")
-        for info in pkgutil.iter_modules(judges.__path__):
-            module = _importlib.import_module(f"grader.judges.{info.name}")
+        lessons = _importlib.import_module("grader.lessons")
+        for info in pkgutil.iter_modules(lessons.__path__):
+            module = _importlib.import_module(f"grader.lessons.{info.name}.judge")
             modules.append(module.__name__)
             found.extend(
                 v for v in vars(module).values() if isinstance(v, _types.FunctionType)
@@ -1153,7 +1153,7 @@ def _by_judges(report, *_):
             dirs[:] = [d for d in dirs if d not in ("site-packages", "lib", "include", "bin")]
             for name in names:
                 path = _os.path.join(folder, name)
-                if ("judges" in path and name.endswith(".py")) or name.endswith(".ipynb"):
+                if ("judge" in path and name.endswith(".py")) or name.endswith(".ipynb"):
                     try:
                         with open(path, encoding="utf-8") as fh:
                             text = fh.read()
@@ -1427,7 +1427,7 @@ import torch
 assert torch.equal(leaky_double(torch.ones(3)), torch.full((3,), 2.0))
 ### BEGIN HIDDEN TESTS
 # A hidden test of the old kind: its reference is in the kernel beside the student's code, in the
-# test's namespace, in its source, in sys.modules under grader.judges and in a judges file.
+# test's namespace, in its source, in sys.modules under grader.lessons and in a judge file.
 import os, sys, types
 
 
@@ -1435,11 +1435,11 @@ def _secret_reference(x):
     return x * 2
 
 
-_module = types.ModuleType("grader.judges.l99_leaky")
+_module = types.ModuleType("grader.lessons.l99_leaky.judge")
 _module._secret_reference = _secret_reference
 sys.modules[_module.__name__] = _module
-os.makedirs("/tmp/leak/grader/judges", exist_ok=True)
-with open("/tmp/leak/grader/judges/l99_leaky.py", "w") as _f:
+os.makedirs("/tmp/leak/grader/lessons/l99_leaky", exist_ok=True)
+with open("/tmp/leak/grader/lessons/l99_leaky/judge.py", "w") as _f:
     _f.write("def _secret_reference(x):\\n    return x * 2\\n")
 _gen = torch.Generator().manual_seed(1234)
 _x = torch.randn(50, generator=_gen)

@@ -20,6 +20,7 @@ from grader.audit import (
     wrong_variants,
 )
 from grader.keys import seed_for
+from grader.lessons import LESSONS, Lesson
 from grader.seam import ExerciseRun
 from grader.tests.conftest import FIXTURES
 
@@ -144,17 +145,20 @@ def test_a_wrong_run_with_any_point_counts_as_scored():
     assert "wrong 4/8 scored (half_right on seeds" in summary_line(audit)
 
 
-def test_a_wrong_variant_scoring_on_some_seeds_is_reported_with_those_seeds(tmp_path, capsys):
+def test_a_wrong_variant_scoring_on_some_seeds_is_reported_with_those_seeds(
+    tmp_path, capsys, monkeypatch
+):
     """The fixture's ``double_right_on_even_seeds`` earns the point on even seeds only: the audit
     names exactly those seeds (with the key and student that replay each), the always-wrong
     variant none, and exits 1; the replay of one of them says it is unfair."""
-    wrong, valid = wrong_variants("90-fixture", FIXTURES), valid_variants("90-fixture", FIXTURES)
+    fixture = Lesson("90-fixture", "grader.tests.fixtures.l90_fixture", (), ())
+    monkeypatch.setitem(LESSONS, fixture.id, fixture)
+    wrong, valid = wrong_variants("90-fixture"), valid_variants("90-fixture", FIXTURES)
     assert set(wrong) == {"double_right_on_even_seeds", "double_times_three"}
     noisy = {f"{e}__{n}" for e in ("double", "halve", "triple") for n in ("warns", "logs")}
     assert set(valid) == {"double_by_add", *noisy}  # each solution made to warn and to log
     course = tmp_path / "course"
     shutil.copytree(FIXTURES / "solutions" / "90-fixture", course / "solutions" / "90-fixture")
-    shutil.copytree(FIXTURES / "tests" / "variants", course / "tests" / "variants")
     key = next(  # one key for every seed: the students audit-0..5 have seeds of both parities
         f"k{n}"
         for n in range(100)
@@ -204,17 +208,11 @@ def test_valid_variants_are_found_for_the_course_lessons():
 
 @pytest.mark.parametrize("lesson", ["01-number-formats", "02-loss-scaling", "03-autocast"])
 def test_every_exercise_has_three_wrong_and_two_valid_variants(lesson):
-    import importlib.util
-
-    from grader import REPO_ROOT
-
-    nb = nbformat.read(REPO_ROOT / "solutions" / lesson / f"{lesson}.ipynb", as_version=4)
+    entry = LESSONS[lesson]
+    nb = nbformat.read(entry.notebook, as_version=4)
     ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
     exercises = [gid for gid in ids if gid and f"{gid}_tests" in ids]
-    path = next((REPO_ROOT / "tests" / "variants").glob(f"l{lesson[:2]}_*.py"))
-    spec = importlib.util.spec_from_file_location(f"_variants_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = entry.variants()
     for exercise in exercises:
         wrong = [n for n, (gid, _) in module.VARIANTS.items() if gid == exercise]
         valid = [n for n, (gid, _) in module.VALID.items() if gid == exercise]

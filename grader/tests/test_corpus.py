@@ -22,6 +22,7 @@ import pytest
 from grader import REPO_ROOT, sandbox
 from grader.autograde import Outcome, autograde
 from grader.cli import main
+from grader.lessons import LESSONS
 from grader.sandbox import Limits, Settings
 from grader.tests.conftest import make_course, need_bwrap
 from grader.tests.corpus import CASES, LESSON, REJECTED, write_case
@@ -284,7 +285,7 @@ def test_lesson01_attacks_on_the_hidden_tests_earn_nothing(tmp_path):
     copy_course_skeleton(REPO_ROOT, root)
     source = REPO_ROOT / "solutions" / L01_LESSON / f"{L01_LESSON}.ipynb"
     marker = tmp_path / "payload-ran"
-    judges = [str(REPO_ROOT / "grader" / "judges" / "l01_number_formats.py")]
+    judges = [str(LESSONS["01-number-formats"].folder / "judge.py")]
     for student in L01_STUDENTS:
         dest = root / "submitted" / student / L01_LESSON
         write_l01_attack(student, source, dest, {"marker": marker, "judges": judges})
@@ -337,7 +338,7 @@ def test_lessons_02_to_09_attacks_by_kind_earn_nothing(tmp_path, path):
 
     need_bwrap()
     marker = tmp_path / "payload-ran"
-    hidden = [REPO_ROOT / "grader" / "judges", REPO_ROOT / "solutions"]
+    hidden = [REPO_ROOT / "grader" / "lessons", REPO_ROOT / "solutions"]
     nb, tests = kind_attack_notebook(path, marker, hidden, REPO_ROOT / "solutions")
     key, student = secrets.token_hex(32), "attacker"
     settings = Settings(
@@ -373,8 +374,8 @@ def test_lessons_02_to_09_attacks_by_kind_earn_nothing(tmp_path, path):
             assert not look["globals"]["suspects"], look  # the test's names stay the test's
             for finder in KIND_FINDERS[1:]:
                 assert any("_secret_reference" in s for s in look[finder]["suspects"]), finder
-            assert "grader.judges.l99_leaky" in look["gc"]["grader modules"], look["gc"]
-            assert "/tmp/leak/grader/judges/l99_leaky.py" in look["judges"]["files"], look
+            assert "grader.lessons.l99_leaky.judge" in look["gc"]["grader modules"], look["gc"]
+            assert "/tmp/leak/grader/lessons/l99_leaky/judge.py" in look["judges"]["files"], look
             continue  # (not among ``every``)
         grade_id, _, _ = KIND_EXERCISES[lesson]
         assert cell.metadata["nbgrader"]["grade_id"] == f"{grade_id}_tests"

@@ -9,10 +9,10 @@ import pytest
 
 from grader import REPO_ROOT
 from grader.autograde import autograde
+from grader.lessons.l01_number_formats.variants import VARIANTS
 from grader.release import copy_course_skeleton
 from grader.sandbox import Limits
 from grader.tests.conftest import need_bwrap
-from tests.variants.l01_number_formats import VARIANTS
 
 pytestmark = [pytest.mark.lesson, pytest.mark.xdist_group(name="grader-lesson01")]
 LESSON = "01-number-formats"

@@ -242,13 +242,15 @@ def test_observations_are_copied_when_recorded():
 
 
 def test_the_judges_and_solutions_cannot_be_read_from_the_sandbox():
-    from grader.judge import JUDGES_DIR, exposed
+    from grader.judge import exposed
+    from grader.lessons import LESSONS
 
     need_bwrap()
     assert exposed() is None
     probe = (
         "import importlib.util, os\n"
-        f"paths = [{str(JUDGES_DIR)!r}, {str(REPO_ROOT / 'solutions')!r}, {str(LESSON01)!r}]\n"
+        f"paths = [{str(LESSONS['01-number-formats'].folder)!r}, "
+        f"{str(REPO_ROOT / 'solutions')!r}, {str(LESSON01)!r}]\n"
         "print([os.path.exists(p) for p in paths], importlib.util.find_spec('grader') is None)\n"
     )
     nb = new_notebook()

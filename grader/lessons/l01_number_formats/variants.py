@@ -1,8 +1,6 @@
 """Lesson 01's exercises: wrong answers the graders must reject (``VARIANTS``, each a real
 misconception, commented) and valid answers written differently from the reference (``VALID``)."""
 
-LESSON = "01-number-formats"
-
 VARIANTS = {
     # fp16_bits ---------------------------------------------------------------------------------
     "bits_without_mask": (

@@ -1,7 +1,5 @@
 """Wrong answers to lesson 04's exercises that the graders must reject, and valid ones they keep."""
 
-LESSON = "04-batchnorm"
-
 _HOOKS = """
     def to_float32(module, args):
         return tuple(a.float() for a in args)

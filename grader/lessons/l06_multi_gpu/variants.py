@@ -1,7 +1,5 @@
 """Wrong answers to lesson 06's exercises that the graders must reject, and valid ones they keep."""
 
-LESSON = "06-multi-gpu"
-
 VARIANTS = {
     "ddp_loss_not_divided": (
         "ddp_amp_worker",

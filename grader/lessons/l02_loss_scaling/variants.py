@@ -5,8 +5,6 @@ The DynamicLossScaler variants are the right class with one common mistake each 
 ``_SCALER`` by a single text replacement, so each differs from a correct answer in one place).
 """
 
-LESSON = "02-loss-scaling"
-
 _SCALER = """
 class DynamicLossScaler:
     def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,

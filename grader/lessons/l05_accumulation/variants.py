@@ -1,7 +1,5 @@
 """Wrong answers to lesson 05's exercises that the graders must reject, and valid ones they keep."""
 
-LESSON = "05-accumulation"
-
 VARIANTS = {
     "no_division_by_count": (
         "accumulated_step",

@@ -1,7 +1,5 @@
 """Wrong answers to lesson 08's exercises that the graders must reject, and valid ones they keep."""
 
-LESSON = "08-float8"
-
 _CURRENT_HEAD = """
 def quantize_current(x, fmt=torch.float8_e4m3fn, axis=None):
     fmax = torch.finfo(fmt).max

@@ -1,8 +1,6 @@
 """Lesson 03's exercises: wrong answers the graders must reject (``VARIANTS``) and valid answers
 written differently from the reference (``VALID``)."""
 
-LESSON = "03-autocast"
-
 VARIANTS = {
     "trace_leaves_hooks_on_error": (
         "trace_dtypes",

@@ -1,8 +1,6 @@
 """Wrong answers to lesson 09's exercises that the graders must reject, and valid alternatives
 that must keep full marks."""
 
-LESSON = "09-capstone"
-
 _COMPARE_HEAD = """
 def train_compare(model_fn, data, steps, device_type, amp_dtype, seed, lr=1e-3, batch_size=8):
     train_tokens, val_tokens = data

@@ -1,8 +1,6 @@
 """Wrong answers to lesson 07's exercises that the graders must reject, and valid ones they
 must accept."""
 
-LESSON = "07-sharded"
-
 _WORKER_LOOP = """
     optimizer = config.make_optimizer(model.parameters())
     losses = []

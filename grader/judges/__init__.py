@@ -1,1 +1,0 @@
-"""Judges of converted hidden tests, one module per lesson (see :mod:`grader.judge`)."""

@@ -1,0 +1,2 @@
+"""Lesson 07's grading: its judges (``judge``) and the wrong and valid answers it is audited with
+(``variants``)."""
