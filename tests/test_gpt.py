@@ -350,3 +350,33 @@ def test_meta_stand_in_runs_a_whole_training_loop_on_meta():
         torch.autocast("meta")
     with pytest.raises(RuntimeError):
         loss.item()
+
+
+#: A train_compare seed whose float16 case overflows once: the GradScaler skips that step.
+SKIPPING_SEED = 3448214000
+
+
+def test_train_compare_keeps_its_points_when_the_gradscaler_skips_a_step(monkeypatch):
+    """On :data:`SKIPPING_SEED` the reference's float16 run skips a step whose gradients
+    overflowed; the lesson's solution skips it too and must keep its points (the judge asked for
+    one optimizer step per training step, and a correct answer lost all four)."""
+    import nbformat
+
+    import course.checks
+    from grader.lessons import LESSONS
+    from grader.lessons.l09_capstone.judge import _ref_compare, compare_inputs
+
+    cfg, data, args = compare_inputs(SKIPPING_SEED)[0]
+    assert args[2] == torch.float16
+    with course.device.one_cpu_thread():
+        assert _ref_compare(cfg, data, *args)["amp_stepped"].count(False) == 1
+    nb = nbformat.read(LESSONS["09-capstone"].notebook, as_version=4)
+    cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c.source for c in nb.cells}
+    imports = next(c.source for c in nb.cells if "from course.capstone import" in c.source)
+    hidden = cells["train_compare_tests"].split("### BEGIN HIDDEN TESTS")[1]
+    monkeypatch.setattr(course.checks, "hidden_seed", lambda exercise: SKIPPING_SEED)
+    namespace: dict = {}
+    exec(imports.split("\nenv = course.setup")[0], namespace)  # noqa: S102 - the lesson's code
+    exec(cells["train_compare"], namespace)  # noqa: S102
+    with course.device.one_cpu_thread():
+        exec(hidden, namespace)  # noqa: S102 - the driver judges at _obs.done(): raises if wrong
