@@ -15,7 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from grader import REPO_ROOT
+#: The repository root. Not ``grader.REPO_ROOT``: nbgrader runs the grader's config from a course
+#: folder whose ``grader/`` (the config's folder) makes ``grader`` a namespace package there, and
+#: ``grader/__init__.py`` never runs.
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)

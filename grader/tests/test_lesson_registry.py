@@ -41,3 +41,24 @@ def test_judges_are_found_by_lesson():
     ids = set(judges("04-batchnorm"))
     assert ids == set(LESSONS["04-batchnorm"].judge().JUDGES)
     assert ids < set(judges()) and judges("90-fixture") == {}
+
+
+def test_the_registry_loads_where_nbgrader_grades(tmp_path):
+    """nbgrader runs the grader's config in a course folder whose ``grader/`` holds the config:
+    there ``grader`` is a namespace package (its ``__init__`` never runs), and the judges and
+    the registry must still load."""
+    import subprocess
+    import sys
+
+    (tmp_path / "grader").mkdir()
+    (tmp_path / "grader" / "nbgrader_config.py").write_text("")
+    code = (
+        "import grader, grader.execute\n"
+        "from grader.judge import judges\n"
+        "assert not hasattr(grader, 'REPO_ROOT')  # the namespace package, as nbgrader sees it\n"
+        "assert judges('01-number-formats')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
