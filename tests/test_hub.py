@@ -449,7 +449,7 @@ def test_a_class_on_jupyterhub(hub, browser, shots):
         course / "solutions" / LESSON / f"{LESSON}.ipynb",
         course / "gradebook.db",
         course / "submitted" / "2Grace+H" / LESSON / f"{LESSON}.ipynb",
-        course / "grader" / "judges",
+        course / "grader" / "lessons",
         course / "grades.csv",
         *keys,
         REPO_ROOT / "solutions" / LESSON / f"{LESSON}.ipynb",

@@ -1148,7 +1148,7 @@ def _by_judges(report, *_):
     roots.append(_os.path.dirname(_sys.prefix))  # the checkout the environment lives in
     for root in roots:
         for folder, dirs, names in _os.walk(root):
-            if folder.count(_os.sep) - root.count(_os.sep) >= 3:
+            if folder.count(_os.sep) - root.count(_os.sep) >= 4:
                 dirs[:] = []
             dirs[:] = [d for d in dirs if d not in ("site-packages", "lib", "include", "bin")]
             for name in names:
