@@ -86,10 +86,12 @@ class ExerciseAudit:
         return bool(self.failures or self.errors)
 
 
-def _variant_modules(lesson: str) -> Iterator[object]:
-    """The lesson's variants module (its grading package's ``variants``), if it has one."""
-    if lesson in LESSONS:
-        yield LESSONS[lesson].variants()
+def declared_variants(lesson: str, kind: str) -> dict[str, tuple[str, str]]:
+    """``{name: (grade_id, source)}``: the variants ``kind`` (``VARIANTS``: wrong, ``VALID``:
+    valid) of the lesson's grading package, as written there ({} for a lesson without one)."""
+    if lesson not in LESSONS:
+        return {}
+    return dict(getattr(LESSONS[lesson].variants(), kind, {}))
 
 
 def valid_variants(lesson: str, root: Path = REPO_ROOT) -> dict[str, tuple[str, str]]:
@@ -97,9 +99,7 @@ def valid_variants(lesson: str, root: Path = REPO_ROOT) -> dict[str, tuple[str, 
 
     With them, every exercise's solution made to warn and to log (:func:`noisy_variants`).
     """
-    found: dict[str, tuple[str, str]] = {}
-    for module in _variant_modules(lesson):
-        found.update(getattr(module, "VALID", {}))
+    found = declared_variants(lesson, "VALID")
     notebook = root / "solutions" / lesson / f"{lesson}.ipynb"
     if notebook.is_file():
         found.update(noisy_variants(notebook))
@@ -174,10 +174,7 @@ def wrong_variants(lesson: str) -> dict[str, tuple[str, str]]:
     Each replaces the solution cell of exercise ``grade_id``, as ``tests/test_lessons.py`` runs
     them; every one must score zero on ``<grade_id>_tests``.
     """
-    found: dict[str, tuple[str, str]] = {}
-    for module in _variant_modules(lesson):
-        found.update(getattr(module, "VARIANTS", {}))
-    return found
+    return declared_variants(lesson, "VARIANTS")
 
 
 def fresh_keys() -> Iterator[str]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import grader.lessons
 from grader.lessons import LESSONS
 from grader.observations import MIME, ObservationError, Observations, decode
 
@@ -43,7 +44,10 @@ def judges(lesson: str | None = None) -> dict[str, Judge]:
     stays out of the nbgrader process).
     """
     found: dict[str, Judge] = {}
-    chosen = [LESSONS[lesson]] if lesson in LESSONS else [] if lesson else list(LESSONS.values())
+    if lesson is None:
+        chosen = list(LESSONS.values())
+    else:
+        chosen = [LESSONS[lesson]] if lesson in LESSONS else []
     for entry in chosen:
         for grade_id, (exercise, fn) in entry.judge().JUDGES.items():
             if grade_id in found:
@@ -58,15 +62,13 @@ def exposed() -> str | None:
     The sandbox mounts the Python installation and the virtual environment: a grader installed
     into the venv (not editable) would put its judges there.
     """
-    for entry in LESSONS.values():
-        where = entry.folder.resolve()
-        for mounted in {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}:
-            if where.is_relative_to(mounted):
-                return (
-                    f"the hidden tests' judges ({where}) lie in {mounted}, which the sandbox "
-                    "mounts: install the course editable (pip install -e .) so that they stay "
-                    "outside it"
-                )
+    where = Path(grader.lessons.__file__).parent.resolve()  # every lesson's grading package
+    for mounted in {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}:
+        if where.is_relative_to(mounted):
+            return (
+                f"the hidden tests' judges ({where}) lie in {mounted}, which the sandbox mounts: "
+                "install the course editable (pip install -e .) so that they stay outside it"
+            )
     return None
 
 

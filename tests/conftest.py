@@ -19,7 +19,7 @@ import nbformat
 import pytest
 
 from grader import REPO_ROOT
-from grader.audit import noisy_variants
+from grader.audit import declared_variants, noisy_variants
 from grader.gradebook import CellScore
 from grader.lessons import LESSONS as GRADING
 from grader.release import lesson_ids
@@ -46,8 +46,8 @@ def _load_variants() -> tuple[dict[str, dict[str, tuple[str, str]]], dict[str, d
     cell)}}``. Every wrong variant must score zero on its exercise's test cell
     (``<grade_id>_tests``); every valid one must keep full marks.
     """
-    wrong = {lesson: dict(e.variants().VARIANTS) for lesson, e in GRADING.items()}
-    valid = {lesson: dict(getattr(e.variants(), "VALID", {})) for lesson, e in GRADING.items()}
+    wrong = {lesson: declared_variants(lesson, "VARIANTS") for lesson in GRADING}
+    valid = {lesson: declared_variants(lesson, "VALID") for lesson in GRADING}
     return wrong, valid
 
 

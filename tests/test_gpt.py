@@ -363,12 +363,13 @@ def test_train_compare_keeps_its_points_when_the_gradscaler_skips_a_step(monkeyp
     import nbformat
 
     import course.checks
+    from course.device import one_cpu_thread
     from grader.lessons import LESSONS
     from grader.lessons.l09_capstone.judge import _ref_compare, compare_inputs
 
     cfg, data, args = compare_inputs(SKIPPING_SEED)[0]
     assert args[2] == torch.float16
-    with course.device.one_cpu_thread():
+    with one_cpu_thread():
         assert _ref_compare(cfg, data, *args)["amp_stepped"].count(False) == 1
     nb = nbformat.read(LESSONS["09-capstone"].notebook, as_version=4)
     cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c.source for c in nb.cells}
@@ -378,5 +379,5 @@ def test_train_compare_keeps_its_points_when_the_gradscaler_skips_a_step(monkeyp
     namespace: dict = {}
     exec(imports.split("\nenv = course.setup")[0], namespace)  # noqa: S102 - the lesson's code
     exec(cells["train_compare"], namespace)  # noqa: S102
-    with course.device.one_cpu_thread():
+    with one_cpu_thread():
         exec(hidden, namespace)  # noqa: S102 - the driver judges at _obs.done(): raises if wrong

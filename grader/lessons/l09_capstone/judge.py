@@ -125,10 +125,7 @@ def _ref_compare(cfg, data, steps, device_type, amp_dtype, seed, lr, batch_size)
                 loss = lm_loss(model(x), y)
             opt.zero_grad()
             scaler.scale(loss).backward()
-            scale = scaler.get_scale()
-            scaler.step(opt)
-            scaler.update()
-            stepped.append(scaler.get_scale() >= scale)  # backed off: the step was skipped
+            stepped.append(_scaler_step(scaler, opt))
             losses.append(loss.item())
         out[f"{name}_stepped"] = stepped
         xv, yv = val_batch(val, cfg.block_size, max_windows=None)
@@ -138,6 +135,15 @@ def _ref_compare(cfg, data, steps, device_type, amp_dtype, seed, lr, batch_size)
         out[f"{name}_losses"] = losses
     out["difference"] = out["amp_val_loss"] - out["fp32_val_loss"]
     return out
+
+
+def _scaler_step(scaler: torch.amp.GradScaler, opt: torch.optim.Optimizer) -> bool:
+    """``scaler.step(opt)`` and ``scaler.update()``; whether the optimizer stepped (a scaler that
+    found an inf or a NaN skips the step and backs its scale off; a disabled one always steps)."""
+    before = scaler.get_scale()
+    scaler.step(opt)
+    scaler.update()
+    return not scaler.is_enabled() or scaler.get_scale() >= before
 
 
 KEYS = {"fp32_val_loss", "amp_val_loss", "difference", "fp32_losses", "amp_losses"}
@@ -195,17 +201,16 @@ def train_compare(obs: Observations) -> None:
         # the reference's is): the AMP run steps where the reference's stepped.
         taken = want["amp_stepped"]
         skips = taken.count(False)
+        less = (
+            f", less the {skips} the AMP run's GradScaler skips here (its gradients overflowed "
+            f"float16 there: {sum(taken)} steps)"
+            if skips
+            else ""
+        )
         check(
             len(fp32_steps) == steps and len(amp_steps) == sum(taken),
-            f"each run should step its optimizer once per step ({steps})"
-            + (
-                f", less the {skips} the AMP run's GradScaler skips here (its gradients "
-                f"overflowed float16 there: {sum(taken)} steps)"
-                if skips
-                else ""
-            )
-            + f"; the fp32 run stepped {len(fp32_steps)} times, the AMP run {len(amp_steps)} "
-            f"{where}",
+            f"each run should step its optimizer once per step ({steps}){less}; the fp32 run "
+            f"stepped {len(fp32_steps)} times, the AMP run {len(amp_steps)} {where}",
         )
         at = [f for f, took in zip(fp32_steps, taken, strict=True) if took]
         ratios = [a / max(f, 1e-30) for a, f in zip(amp_steps, at, strict=True)]
@@ -395,10 +400,7 @@ def reference_run(spec: T.RunSpec, world: int = WORLD, until_stepped: bool = Fal
         scaler.unscale_(opt)
         out["grad_norms"].append(T.gradient_norm(model))
         torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm)
-        before = scaler.get_scale()
-        scaler.step(opt)
-        scaler.update()
-        stepped = not scaler.is_enabled() or scaler.get_scale() >= before
+        stepped = _scaler_step(scaler, opt)
         if stepped:
             sched.step()
         opt.zero_grad(set_to_none=True)
