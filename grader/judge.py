@@ -2,12 +2,13 @@
 
 A lesson's ``judge`` module (its grading package, :mod:`grader.lessons`) defines
 ``JUDGES = {grade_id: (exercise, judge)}``;
-``judge(observations)`` rebuilds the driver's inputs from ``observations.seed``, runs the
+``judge(observations)`` builds the driver's inputs from ``observations.seed``, runs the
 reference, compares with what the driver observed, in its order, and raises
 ``course.checks.CheckFailed`` (the student's message) when the answer is wrong.
 :func:`apply_judges` takes each graded test cell's observations out of an executed notebook; a
 judge's failure, missing or duplicated observations, or observations without a judge become an
-error output, which nbgrader scores 0. The sandbox mounts nothing of ``grader/``.
+error output, which nbgrader scores 0. Of ``grader/`` the sandbox mounts only the drivers and
+their inputs (:func:`grader.lessons.kernel_files`), never a judge.
 """
 
 from __future__ import annotations

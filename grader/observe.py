@@ -1,8 +1,9 @@
 """The driver side of a hidden test: the observer a test cell records the student's results with.
 
-A hidden test's driver (in ``solutions/``) builds its inputs from ``course.checks.hidden_seed``,
-calls the student's functions through ``_obs = __grader_driver__(exercise, seed)``
-(``_obs.call``, ``_obs.raises``, ``_obs.record``, ``_obs.done``) and so records what they did.
+A hidden test's driver (a lesson's ``inputs.py``, or the hidden part of a test cell in
+``solutions/``) builds its inputs from ``course.checks.hidden_seed``, calls the student's functions
+through ``obs = __grader_driver__(exercise, seed)`` (``obs.call``, ``obs.raises``,
+``obs.record``, ``obs.done``) and so records what they did.
 :data:`OBSERVER` (sent to the kernel by the harness) copies each value at once into plain data
 serialised with ``torch.save``; the observations leave the kernel as one display output of type
 :data:`MIME`, which :mod:`grader.observations` decodes and :mod:`grader.judge` judges outside the

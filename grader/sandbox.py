@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from grader import guard
+from grader.lessons import kernel_files
 from grader.settings import UID_BASE_ENV, GraderSettings, default
 
 RUNNER = Path(__file__).with_name("runner.py")
@@ -220,6 +221,8 @@ def bwrap_command(settings: Settings, python: str | None = None) -> list[str]:
         )
     course = Path(settings.course_dir) if settings.course_dir else _course_dir()
     binds.append((str(course.resolve()), SANDBOX_COURSE))
+    root = Path(SANDBOX_COURSE).parent
+    binds += [(str(src), str(root / rel)) for src, rel in kernel_files()]
     # Parent folders must be created traversable (bwrap makes them 0700 otherwise).
     parents: set[str] = set()
     for _, dest in binds:
@@ -356,6 +359,9 @@ def execute(
         path = os.path.join(tmp, ".course-path")
         os.mkdir(path)
         os.symlink(course.resolve(), os.path.join(path, "course"))
+        for src, rel in kernel_files():
+            os.makedirs(os.path.dirname(os.path.join(path, rel)), exist_ok=True)
+            os.symlink(src, os.path.join(path, rel))
         env = {**os.environ, **_env(limits, tmp, path)}
         env["MPLCONFIGDIR"] = os.path.join(tmp, ".mpl")
         env["IPYTHONDIR"] = os.path.join(tmp, ".ipython")

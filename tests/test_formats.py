@@ -1,5 +1,5 @@
-"""Lesson 01's hidden inputs, rebuilt with its judge's own builders: the cases that tell a wrong
-answer apart are in every draw."""
+"""Lesson 01's hidden inputs, from the builders its drivers and judges share: the cases that tell
+a wrong answer apart are in every draw."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from grader.lessons.l01_number_formats.judge import safe_scale_inputs, underflow_inputs
+from grader.lessons.l01_number_formats.inputs import safe_scale_inputs, underflow_inputs
 
 SEEDS = range(200)
 TIE = 2.0**-25

@@ -1,9 +1,11 @@
 """Every lesson's pieces, found from its id: its notebook, the course modules it teaches with, its
 grading and its tests.
 
-A lesson's grading is one package, ``grader/lessons/lNN_<name>/``: ``judge.py`` (the hidden
-tests' judges, run in the grader's process and never mounted in the sandbox: see
-:mod:`grader.judge`) and ``variants.py`` (``VARIANTS``, wrong answers that must score zero, and
+A lesson's grading is one package, ``grader/lessons/lNN_<name>/``: ``inputs.py`` (the hidden
+tests' inputs, built from a seed, and their drivers: the hidden part of a test cell calls one; the
+sandbox mounts it, see :mod:`grader.lessons.drive`), ``judge.py`` (the judges, which build the same
+inputs with the same functions, run in the grader's process and are never mounted in the sandbox:
+see :mod:`grader.judge`) and ``variants.py`` (``VARIANTS``, wrong answers that must score zero, and
 ``VALID``, correct answers written differently that must keep full marks: ``{name: (grade_id,
 source of the solution cell)}``; :mod:`grader.audit` and the suite grade them).
 """
@@ -48,6 +50,14 @@ class Lesson:
     def variants(self) -> ModuleType:
         """The variants' module (``VARIANTS`` and ``VALID``)."""
         return importlib.import_module(f"{self.grading}.variants")
+
+
+def kernel_files() -> list[tuple[Path, str]]:
+    """The grading files a kernel imports (the drivers and their inputs, never a judge), with
+    their paths relative to an import root: what the sandbox mounts beside ``course``."""
+    here = Path(__file__).resolve().parent
+    files = [here / "drive.py", *sorted(here.glob("l[0-9][0-9]_*/inputs.py"))]
+    return [(f, f.relative_to(here.parents[1]).as_posix()) for f in files]
 
 
 #: The course's lessons, in order.

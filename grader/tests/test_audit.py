@@ -220,7 +220,7 @@ def test_every_exercise_has_three_wrong_and_two_valid_variants(lesson):
         assert len(valid) >= 2, f"{exercise}: only {valid} valid variants"
 
 
-@pytest.mark.parametrize("lesson", ["01-number-formats", "02-loss-scaling", "03-autocast"])
+@pytest.mark.parametrize("lesson", ["02-loss-scaling", "03-autocast"])
 def test_hidden_tests_take_their_seed_from_hidden_seed(lesson):
     from grader import REPO_ROOT
 

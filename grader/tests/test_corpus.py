@@ -22,7 +22,7 @@ import pytest
 from grader import REPO_ROOT, sandbox
 from grader.autograde import Outcome, autograde
 from grader.cli import main
-from grader.lessons import LESSONS
+from grader.lessons import LESSONS, kernel_files
 from grader.sandbox import Limits, Settings
 from grader.tests.conftest import make_course, need_bwrap
 from grader.tests.corpus import CASES, LESSON, REJECTED, write_case
@@ -306,6 +306,21 @@ def test_lesson01_attacks_on_the_hidden_tests_earn_nothing(tmp_path):
 
 #: A sandbox uid slot of its own per run (two runs may grade at once under xdist).
 KIND_SLOTS = {"fork": 61, "in-kernel": 62}
+#: The grader's modules a kernel may hold: the drivers, their inputs and the packages above them.
+DRIVER_MODULES = {
+    ".".join(parts[:n])
+    for _, rel in kernel_files()
+    for parts in [rel.removesuffix(".py").split("/")]
+    for n in range(1, len(parts) + 1)
+}
+
+
+def _no_reference(suspect: str) -> bool:
+    """A function an attack suspected (``name@file:line``) that holds no reference: one a test
+    cell defines, a driver's, or one the drivers import (torch's, the course's, Python's); never
+    a judge's, a variant's or a solution's."""
+    where = suspect.partition("@")[2].rpartition(":")[0]
+    return not any(part in where for part in ("judge", "variants", "solutions"))
 
 
 @pytest.mark.lesson
@@ -387,11 +402,13 @@ def test_lessons_02_to_09_attacks_by_kind_earn_nothing(tmp_path, path):
         assert len({look["pid"] for look in looks}) == (2 if lesson == "06-multi-gpu" else 1)
         for look in looks:
             assert look["referrers"]["scanned"] > 0, (where, look["referrers"])
-            assert look["gc"]["grader modules"] == [], (where, look["gc"])
-            assert look["judges"]["modules"] == [] and look["judges"]["file count"] == 0, look
+            # Of the grader, the kernel holds the drivers and their inputs at most, never a judge.
+            assert set(look["gc"]["grader modules"]) <= DRIVER_MODULES, (where, look["gc"])
+            assert set(look["judges"]["modules"]) <= DRIVER_MODULES, look
+            assert look["judges"]["file count"] == 0, look
             # What a test cell defines is found (where it defines any) but is no reference.
             for finder in KIND_FINDERS:
-                assert all("<test cell" in s for s in look[finder]["suspects"]), (finder, look)
+                assert all(map(_no_reference, look[finder]["suspects"])), (finder, look)
         channel = KIND_PATHS[path][lesson]
         if channel == "hijack":
             (look,) = looks

@@ -1,26 +1,69 @@
 """The lesson registry (grader/lessons/__init__.py): every lesson has one entry, and each entry's
 notebook, helper modules, grading package and tests exist; every course module belongs to one
-lesson or to all of them."""
+lesson or to all of them. Hidden tests are written once: a test cell's hidden part calls its
+lesson's driver, whose inputs the judge builds with the same functions."""
 
 from __future__ import annotations
 
+import ast
 import importlib
+import inspect
+
+import nbformat
+import pytest
 
 from grader import REPO_ROOT
 from grader.judge import judges
 from grader.lessons import LESSONS, SHARED
 from grader.release import lesson_ids
 
+#: The lessons whose hidden tests are written once (the others still replay their drivers' draws).
+WRITTEN_ONCE = ("01-number-formats", "05-accumulation")
+
+
+def _hidden_parts(lesson: str) -> dict[str, str]:
+    nb = nbformat.read(LESSONS[lesson].notebook, as_version=4)
+    parts = {}
+    for cell in nb.cells:
+        if "### BEGIN HIDDEN TESTS" in cell.source:
+            hidden = cell.source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0]
+            parts[cell.metadata["nbgrader"]["grade_id"]] = hidden
+    return parts
+
+
+@pytest.mark.parametrize("lesson", WRITTEN_ONCE)
+def test_a_hidden_test_is_one_call_to_its_lessons_driver(lesson):
+    """The hidden part imports ``drive_<exercise>`` from the lesson's ``inputs`` and calls it with
+    the test cell's globals; the driver observes that exercise (the judge's), and the judge builds
+    its inputs from the same module."""
+    entry = LESSONS[lesson]
+    inputs = importlib.import_module(f"{entry.grading}.inputs")
+    judged = entry.judge().JUDGES
+    parts = _hidden_parts(lesson)
+    assert sorted(parts) == sorted(judged), lesson
+    for grade_id, hidden in parts.items():
+        exercise = judged[grade_id][0]
+        body = ast.parse(hidden).body
+        assert len(body) == 2, (grade_id, hidden)
+        imported, called = body
+        assert isinstance(imported, ast.ImportFrom) and imported.module == f"{entry.grading}.inputs"
+        assert [a.name for a in imported.names] == [f"drive_{exercise}"], grade_id
+        call = called.value if isinstance(called, ast.Expr) else None
+        assert isinstance(call, ast.Call) and ast.unparse(call.func) == f"drive_{exercise}"
+        assert ast.unparse(call.args[0]) == "globals()", grade_id
+        driver = inspect.getsource(getattr(inputs, f"drive_{exercise}"))
+        assert f'observer("{exercise}", namespace)' in driver, grade_id
+    assert f"from {entry.grading}.inputs import" in inspect.getsource(entry.judge())
+
 
 def test_every_lesson_has_one_entry_and_its_pieces_exist():
     assert list(LESSONS) == lesson_ids(REPO_ROOT / "solutions")
     for entry in LESSONS.values():
         assert entry.notebook.is_file(), entry
-        assert sorted(p.name for p in entry.folder.glob("*.py")) == [
-            "__init__.py",
-            "judge.py",
-            "variants.py",
-        ], entry
+        expected = {"__init__.py", "judge.py", "variants.py"}
+        if entry.id in WRITTEN_ONCE:
+            expected.add("inputs.py")
+        assert {p.name for p in entry.folder.glob("*.py")} == expected, entry
         assert entry.judge().JUDGES and entry.variants().VARIANTS, entry
         for test in entry.tests:
             assert (REPO_ROOT / test).is_file(), (entry.id, test)

@@ -11,6 +11,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from grader import REPO_ROOT, sandbox
 from grader.execute import apply_answer, graded_test_cells
+from grader.lessons import kernel_files
 from grader.sandbox import Limits, SandboxUnavailable, Settings, require_isolation
 from grader.tests.conftest import need_bwrap
 
@@ -39,6 +40,10 @@ report["nproc"] = resource.getrlimit(resource.RLIMIT_NPROC)[0]
 report["pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
 import sys
 report["path_has_cwd"] = "" in sys.path or os.getcwd() in sys.path
+report["grader_files"] = sorted(
+    os.path.relpath(os.path.join(d, f), "/opt/course")
+    for d, _, fs in os.walk("/opt/course/grader") for f in fs)
+from grader.lessons.l01_number_formats.inputs import drive_fp16_bits
 print(json.dumps(report))
 """
 
@@ -68,6 +73,9 @@ def test_student_code_sees_only_its_own_folder_and_no_network():
     assert report["nproc"] == limits.nproc
     assert max(report["pids"]) < 50  # its own PID namespace
     assert report["path_has_cwd"] is False
+    # Of the grader, only the drivers and their inputs (imported above), never a judge.
+    assert report["grader_files"] == sorted(rel for _, rel in kernel_files())
+    assert not any("judge" in rel or "variants" in rel for rel in report["grader_files"])
 
 
 def test_refuses_to_run_unsandboxed_unless_told(monkeypatch):

@@ -1,8 +1,7 @@
 """Lesson 05's judges: the references of its hidden tests and the comparisons.
 
-Each judge rebuilds the problems its driver (the hidden part of the test cell in
-``solutions/05-accumulation``) built from the same seed, in the same order, and reads the
-driver's observations in the order it made them.
+Each judge builds its driver's problems with the same functions (``inputs.py``) from the seed the
+observations carry, and reads the observations in the order the driver made them.
 """
 
 from __future__ import annotations
@@ -13,18 +12,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from course.accumulation import (
-    amp_train_steps,
-    checkpoint_run,
-    draw_int,
-    random_problem,
-    relative_difference,
-    simulated_cuda_states,
-)
+from course.accumulation import amp_train_steps, relative_difference, simulated_cuda_states
 from course.checks import check, check_close, check_equal, check_tensor_equal
+from grader.lessons.l05_accumulation.inputs import (
+    Problem,
+    accumulation_problems,
+    checkpoint_problems,
+    clean,
+    loss_fn,
+    new_run,
+)
 from grader.observations import Observations
-
-loss_fn = nn.functional.cross_entropy
 
 # The reference reproduces the computation it checks (each micro-batch's loss under autocast,
 # divided by their count, scaled, the backward passes summed in float32 .grad, then unscaled as
@@ -72,83 +70,67 @@ def _difference(seen: Any, ref: list[torch.Tensor], what: str) -> float:
     return relative_difference(seen, ref)
 
 
-def accumulated_step(obs: Observations) -> None:
-    """The mean gradient of k micro-batches in float16 and bfloat16, one micro-batch, the growth
-    tracker, clipping on unscaled gradients, an inf in any micro-batch, an overflow of the scaled
-    backward pass on clean data, and three steps in a row against the reference's trajectory."""
-    seed = obs.seed
-    gen = torch.Generator().manual_seed(seed)
-    with torch.random.fork_rng(devices=[]):
-        _accumulated_step(obs, seed, gen)
+def _mean(obs: Observations, p: Problem, seed: int) -> None:
+    """The gradient of k micro-batches is their mean gradient, in float16 with a scaler and in
+    bfloat16 with a disabled scaler; one optimizer step; each loss under autocast and backward
+    before the next forward; grads cleared."""
+    ref = _ref_batch_grads(p.net, p.mbs, p.dtype, p.scaler().get_scale())
+    what = f"{p.k} micro-batches, {p.dtype}, scaler enabled={p.enabled} (seed {seed})"
+    ret = obs.next("returned")
+    check(ret is True, f"accumulated_step should return True for a normal step: {what}")
+    check_equal(
+        obs.next("forward dtypes"),
+        [p.dtype] * p.k,
+        f"the autocast dtype of each micro-batch's forward: {what}",
+    )
+    events = obs.next("events")
+    check(isinstance(events, list) and all(type(e) is str for e in events), f"internal: {what}")
+    check_equal(
+        ", ".join(events),
+        ", ".join(["loss (autocast on)", "backward"] * p.k),
+        f"the order of losses and backward passes: {what}",
+    )
+    check_equal(obs.next("steps"), 1, f"optimizer steps per call: {what}")
+    seen = obs.next("stepped with")
+    check(
+        seen is not None and all(g is not None for g in seen),
+        f"every parameter should have a gradient at the step: {what}",
+    )
+    err = _difference(seen, ref, what)
+    check(
+        err < TOL[p.dtype],
+        f"the accumulated gradient differs from the mean of the {p.k} "
+        f"micro-batches' gradients (each loss divided by {p.k}) "
+        f"by {err:.3g} (relative; allowed {TOL[p.dtype]:.3g}): {what}",
+    )
+    check(_cleared(obs.next("grads after")), f"gradients should be cleared after the step: {what}")
 
 
-def _accumulated_step(obs: Observations, seed: int, gen: torch.Generator) -> None:
-    # 1. The gradient of k micro-batches is their mean gradient, in float16 with a scaler
-    #    and in bfloat16 with a disabled scaler; one optimizer step; each loss under autocast and
-    #    backward before the next forward; grads cleared.
-    for dt, enabled in [(torch.float16, True), (torch.bfloat16, False), (torch.float16, True)]:
-        k = draw_int(gen, 2, 6)
-        net, mbs = random_problem(gen, k)
-        ref = _ref_batch_grads(
-            net, mbs, dt, torch.amp.GradScaler("cpu", enabled=enabled).get_scale()
-        )
-        what = f"{k} micro-batches, {dt}, scaler enabled={enabled} (seed {seed})"
-        ret = obs.next("returned")
-        check(ret is True, f"accumulated_step should return True for a normal step: {what}")
-        check_equal(
-            obs.next("forward dtypes"),
-            [dt] * k,
-            f"the autocast dtype of each micro-batch's forward: {what}",
-        )
-        events = obs.next("events")
-        check(isinstance(events, list) and all(type(e) is str for e in events), f"internal: {what}")
-        check_equal(
-            ", ".join(events),
-            ", ".join(["loss (autocast on)", "backward"] * k),
-            f"the order of losses and backward passes: {what}",
-        )
-        check_equal(obs.next("steps"), 1, f"optimizer steps per call: {what}")
-        seen = obs.next("stepped with")
-        check(
-            seen is not None and all(g is not None for g in seen),
-            f"every parameter should have a gradient at the step: {what}",
-        )
-        err = _difference(seen, ref, what)
-        check(
-            err < TOL[dt],
-            f"the accumulated gradient differs from the mean of the {k} "
-            f"micro-batches' gradients (each loss divided by {k}) "
-            f"by {err:.3g} (relative; allowed {TOL[dt]:.3g}): {what}",
-        )
-        check(
-            _cleared(obs.next("grads after")), f"gradients should be cleared after the step: {what}"
-        )
-
-    # 2. A single micro-batch is an ordinary step.
-    net, mbs = random_problem(gen, 1, per=draw_int(gen, 8, 24))
-    ref = _ref_batch_grads(net, mbs, torch.float16, 2.0**16)
+def _single(obs: Observations, p: Problem, seed: int) -> None:
+    """A single micro-batch is an ordinary step."""
+    ref = _ref_batch_grads(p.net, p.mbs, torch.float16, p.scale)
     check(obs.next("returned") is True, f"one micro-batch should step (seed {seed})")
     what = f"one micro-batch: the gradient should be the batch's (seed {seed})"
     check(_difference(obs.next("stepped with"), ref, what) < TOL[torch.float16], what)
 
-    # 3. The growth tracker advances once per optimizer step, not once per micro-batch.
-    interval = draw_int(gen, 3, 5)
-    k = draw_int(gen, 2, 5)
-    random_problem(gen, k)
+
+def _growth(obs: Observations, p: Problem, seed: int) -> None:
+    """The growth tracker advances once per optimizer step, not once per micro-batch."""
+    interval = p.interval
     for i in range(1, interval):
         check(obs.next("returned") is True, f"a normal step should return True (seed {seed})")
         scale, tracker = obs.next("scale and tracker")
         check_equal(
             tracker,
             i,
-            f"the growth tracker after {i} accumulated steps of {k} micro-batches "
+            f"the growth tracker after {i} accumulated steps of {p.k} micro-batches "
             f"(growth_interval {interval}, seed {seed})",
         )
-        check_equal(scale, 2.0**10, f"the scale after {i} steps (seed {seed})")
+        check_equal(scale, p.scale, f"the scale after {i} steps (seed {seed})")
     ret = obs.next("returned")
     check_equal(
         obs.next("scale"),
-        2.0**11,
+        2 * p.scale,
         f"the scale after {interval} steps with growth_interval {interval} (seed {seed})",
     )
     check(
@@ -160,84 +142,83 @@ def _accumulated_step(obs: Observations, seed: int, gen: torch.Generator) -> Non
         obs.next("steps"), interval, f"optimizer steps after {interval} calls (seed {seed})"
     )
 
-    # 4. Clipping acts on unscaled gradients: active (threshold below the norm) and inactive.
-    for factor in (0.2 + 0.6 * float(torch.rand((), generator=gen)), 10.0):
-        k = draw_int(gen, 2, 5)
-        net, mbs = random_problem(gen, k)
-        scale = 2.0 ** draw_int(gen, 12, 16)
-        ref = _ref_batch_grads(net, mbs, torch.float16, scale)
-        true = _norm(ref)
-        max_norm = obs.next("max_grad_norm")
-        check(
-            type(max_norm) is float and (max_norm < 0.9 * true if factor < 1 else max_norm > true),
-            f"internal: max_grad_norm {max_norm!r} against the norm {true!r} (seed {seed})",
-        )
-        coef = min(1.0, max_norm / true)
-        what = (
-            f"max_grad_norm = {max_norm:.4g} ({factor:.3g} x the batch's float32 gradient norm), "
-            f"the true norm {true:.4g}, {k} micro-batches, scale {scale:g} (seed {seed})"
-        )
-        check(obs.next("returned") is True, f"a clipped step should still step: {what}")
-        seen = obs.next("stepped with")
-        check(
-            isinstance(seen, list) and all(type(g) is torch.Tensor for g in seen),
-            f"every parameter should have a gradient at the step: {what}",
-        )
-        check_close(
-            _norm(seen),
-            coef * true,
-            f"the norm the optimizer stepped with: {what}",
-            rtol=TOL[torch.float16],
-        )
-        check(
-            _difference(seen, [g * coef for g in ref], what) < TOL[torch.float16],
-            f"the clipped gradient should be the batch's, shrunk by {coef:.3g}: {what}",
-        )
-        check(
-            _cleared(obs.next("grads after")),
-            f"gradients should be cleared after a clipped step: {what}",
-        )
 
-    # 5. An inf in any micro-batch: parameters and optimizer untouched, False, scale halved once,
-    #    gradients cleared so the next step is clean again.
-    for clip in (None, 1.0):
-        k = draw_int(gen, 2, 6)
-        net, mbs = random_problem(gen, k)
-        bad = draw_int(gen, 0, k - 1)
-        xb = mbs[bad][0].clone()
-        xb[draw_int(gen, 0, len(xb) - 1), draw_int(gen, 0, xb.shape[1] - 1)] = float("inf")
-        mbs[bad] = (xb, mbs[bad][1])
-        s0 = 2.0 ** draw_int(gen, 13, 16)
-        before = [p.detach().clone() for p in net.parameters()]
-        what = f"an inf in micro-batch {bad} of {k}, max_grad_norm={clip} (seed {seed})"
-        ret = obs.next("returned")
-        check(ret is False, f"accumulated_step should return False: {what}, got {ret!r}")
-        check_equal(obs.next("steps"), 0, f"optimizer.step() calls: {what}")
+def _clipped(obs: Observations, p: Problem, seed: int) -> None:
+    """Clipping acts on unscaled gradients: active (threshold below the norm) and inactive."""
+    ref = _ref_batch_grads(p.net, p.mbs, torch.float16, p.scale)
+    true = _norm(ref)
+    # The driver's own max_grad_norm: the norm it was drawn from is a sum, whose last bits may
+    # differ between the kernel's threads and this process's.
+    max_norm = obs.next("max_grad_norm")
+    check(
+        type(max_norm) is float and (max_norm < 0.9 * true if p.factor < 1 else max_norm > true),
+        f"internal: max_grad_norm {max_norm!r} against the norm {true!r} (seed {seed})",
+    )
+    coef = min(1.0, max_norm / true)
+    what = (
+        f"max_grad_norm = {max_norm:.4g} ({p.factor:.3g} x the batch's float32 gradient norm), "
+        f"the true norm {true:.4g}, {p.k} micro-batches, scale {p.scale:g} (seed {seed})"
+    )
+    check(obs.next("returned") is True, f"a clipped step should still step: {what}")
+    seen = obs.next("stepped with")
+    check(
+        isinstance(seen, list) and all(type(g) is torch.Tensor for g in seen),
+        f"every parameter should have a gradient at the step: {what}",
+    )
+    check_close(
+        _norm(seen),
+        coef * true,
+        f"the norm the optimizer stepped with: {what}",
+        rtol=TOL[torch.float16],
+    )
+    check(
+        _difference(seen, [g * coef for g in ref], what) < TOL[torch.float16],
+        f"the clipped gradient should be the batch's, shrunk by {coef:.3g}: {what}",
+    )
+    check(
+        _cleared(obs.next("grads after")),
+        f"gradients should be cleared after a clipped step: {what}",
+    )
+
+
+def _skipped(obs: Observations, p: Problem, what: str) -> None:
+    """A step the scaler skipped: no optimizer step, the scale halved once, gradients cleared."""
+    check_equal(obs.next("steps"), 0, f"optimizer.step() calls: {what}")
+    if p.bad >= 0:
         check_equal(
             obs.next("optimizer states"), 0, f"optimizer states created (no momentum yet): {what}"
         )
         params = obs.next("parameters")
+        before = list(p.net.parameters())
         check(isinstance(params, list) and len(params) == len(before), f"internal: {what}")
-        for p, b in zip(params, before, strict=True):
-            check_tensor_equal(p, b, f"a parameter: {what}")
-        check_equal(obs.next("scale"), s0 / 2, f"the scale (halved once): {what}")
-        check(
-            _cleared(obs.next("grads after")),
-            f"gradients should be cleared after a skipped step: {what}",
-        )
-        good = [(a.nan_to_num(posinf=0.0), b) for a, b in mbs]
-        ref = _ref_batch_grads(net, good, torch.float16, s0 / 2)
-        ref = [g * min(1.0, clip / (_norm(ref) + 1e-6)) if clip else g for g in ref]
-        check(obs.next("returned") is True, f"the clean step after {what} should step")
-        message = f"the clean step after {what} should see only its own gradients"
-        check(_difference(obs.next("stepped with"), ref, message) < TOL[torch.float16], message)
+        for got, b in zip(params, before, strict=True):
+            check_tensor_equal(got, b.detach(), f"a parameter: {what}")
+    check_equal(obs.next("scale"), p.scale / 2, f"the scale (halved once): {what}")
+    check(
+        _cleared(obs.next("grads after")),
+        f"gradients should be cleared after a skipped step: {what}",
+    )
 
-    # 5b. A scale too large for clean data: every loss is finite, but the backward pass (on the
-    #     loss times the scale) overflows float16, so the scaler skips and halves the scale.
-    k = draw_int(gen, 2, 5)
-    random_problem(gen, k)
-    s0 = 2.0 ** draw_int(gen, 40, 60)
-    what = f"clean data, init_scale {s0:g}, {k} micro-batches (seed {seed})"
+
+def _inf(obs: Observations, p: Problem, seed: int) -> None:
+    """An inf in any micro-batch: parameters and optimizer untouched, False, scale halved once,
+    gradients cleared so the next step is clean again."""
+    clip = p.max_norm
+    what = f"an inf in micro-batch {p.bad} of {p.k}, max_grad_norm={clip} (seed {seed})"
+    ret = obs.next("returned")
+    check(ret is False, f"accumulated_step should return False: {what}, got {ret!r}")
+    _skipped(obs, p, what)
+    ref = _ref_batch_grads(p.net, clean(p.mbs), torch.float16, p.scale / 2)
+    ref = [g * min(1.0, clip / (_norm(ref) + 1e-6)) if clip else g for g in ref]
+    check(obs.next("returned") is True, f"the clean step after {what} should step")
+    message = f"the clean step after {what} should see only its own gradients"
+    check(_difference(obs.next("stepped with"), ref, message) < TOL[torch.float16], message)
+
+
+def _overflow(obs: Observations, p: Problem, seed: int) -> None:
+    """A scale too large for clean data: every loss is finite, but the backward pass (on the loss
+    times the scale) overflows float16, so the scaler skips and halves the scale."""
+    what = f"clean data, init_scale {p.scale:g}, {p.k} micro-batches (seed {seed})"
     ret = obs.next("returned")
     finite = obs.next("finite losses")
     check(isinstance(finite, list) and all(finite), f"every loss should be finite here: {what}")
@@ -246,40 +227,56 @@ def _accumulated_step(obs: Observations, seed: int, gen: torch.Generator) -> Non
         f"the scaled backward pass overflowed with every loss finite, so the scaler "
         f"skipped: accumulated_step should return False, got {ret!r}: {what}",
     )
-    check_equal(obs.next("steps"), 0, f"optimizer.step() calls: {what}")
-    check_equal(obs.next("scale"), s0 / 2, f"the scale (halved once): {what}")
-    check(
-        _cleared(obs.next("grads after")),
-        f"gradients should be cleared after a skipped step: {what}",
-    )
+    _skipped(obs, p, what)
 
-    # 6. Several steps in a row follow the same steps taken with the reference gradients.
-    k = draw_int(gen, 2, 4)
-    net, mbs = random_problem(gen, k)
-    twin = copy.deepcopy(net)
-    start = [p.detach().clone() for p in net.parameters()]
+
+def _in_a_row(obs: Observations, p: Problem, seed: int) -> None:
+    """Several steps in a row follow the same steps taken with the reference gradients."""
+    twin = copy.deepcopy(p.net)
+    start = [q.detach().clone() for q in p.net.parameters()]
     opt_ref = torch.optim.SGD(twin.parameters(), lr=0.05)
     for step in range(3):
         scale = obs.next("scale")
         check(isinstance(scale, float), f"internal: the scale before step {step} (seed {seed})")
-        grads = _ref_batch_grads(twin, mbs, torch.float16, scale)
+        grads = _ref_batch_grads(twin, p.mbs, torch.float16, scale)
         check(obs.next("returned") is True, f"step {step} of 3 in a row should step (seed {seed})")
-        for p, g in zip(twin.parameters(), grads, strict=True):
-            p.grad = g
+        for q, g in zip(twin.parameters(), grads, strict=True):
+            q.grad = g
         opt_ref.step()
     params = obs.next("parameters")
     check(
         isinstance(params, list) and len(params) == len(start), f"internal: 3 steps (seed {seed})"
     )
     err = relative_difference(
-        [p - s for p, s in zip(params, start, strict=True)],
-        [p.detach() - s for p, s in zip(twin.parameters(), start, strict=True)],
+        [q - s for q, s in zip(params, start, strict=True)],
+        [q.detach() - s for q, s in zip(twin.parameters(), start, strict=True)],
     )
     check(
         err < TOL[torch.float16],
         f"after 3 accumulated steps in a row the parameters moved {err:.3g} (relative) away from "
         f"the reference run's: are the gradients cleared after each step? (seed {seed})",
     )
+
+
+#: The judge of each section of accumulation_problems.
+SECTIONS = {
+    "mean": _mean,
+    "single": _single,
+    "growth": _growth,
+    "clipping": _clipped,
+    "inf": _inf,
+    "overflow": _overflow,
+    "in_a_row": _in_a_row,
+}
+
+
+def accumulated_step(obs: Observations) -> None:
+    """The mean gradient of k micro-batches in float16 and bfloat16, one micro-batch, the growth
+    tracker, clipping on unscaled gradients, an inf in any micro-batch, an overflow of the scaled
+    backward pass on clean data, and three steps in a row against the reference's trajectory."""
+    for section, problems in accumulation_problems(obs.seed).items():
+        for p in problems:
+            SECTIONS[section](obs, p, obs.seed)
 
 
 def _check_gpu_states(got: Any, saved: list[torch.Tensor], what: str) -> None:
@@ -312,49 +309,32 @@ def checkpoint_state(obs: Observations) -> None:
     and the resumed run matches the run that never stopped, bit for bit. In the first two runs
     the driver simulates 2 and 3 GPUs (``SimulatedCudaGenerators``): loading must give their
     generators back the states they held at the save."""
-    seed = obs.seed
-    gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
-        _checkpoint_state(obs, seed, gen)
+        _checkpoint_state(obs, obs.seed)
 
 
-def _checkpoint_state(obs: Observations, seed: int, gen: torch.Generator) -> None:
-    d, c = draw_int(gen, 6, 16), draw_int(gen, 3, 6)
-    data_x = torch.randn(200, d, generator=gen)
-    data_y = torch.randint(0, c, (200,), generator=gen)
-    cases = [
-        ("adamw", torch.float16, True, 2),
-        ("sgd", torch.float16, True, 3),
-        ("adamw", torch.bfloat16, True, 0),
-        ("sgd", torch.float16, False, 0),
-    ]
-    for case, (kind, dt, backoff, count) in enumerate(cases):
-        init, interval = 2.0 ** draw_int(gen, 24, 30), draw_int(gen, 2, 4)
-        if not backoff:
-            init, interval = 2.0**10, 1000
-        n1, n2 = draw_int(gen, 8, 14), draw_int(gen, 6, 12)
-        what = f"{kind}, {dt}, {n1} steps then {n2} resumed (seed {seed})"
-        a = checkpoint_run(draw_int(gen, 0, 2**30), kind, dt, init, interval, (d, 24, 24, c))
-        torch.manual_seed(draw_int(gen, 0, 2**30))
-        amp_train_steps(*a, n1, dt, data_x, data_y, loss_fn)
+def _checkpoint_state(obs: Observations, seed: int) -> None:
+    x, y, sizes, runs = checkpoint_problems(seed)
+    for case, run in enumerate(runs):
+        what = f"{run.kind}, {run.dtype}, {run.n1} steps then {run.n2} resumed (seed {seed})"
+        a = new_run(run, "a", sizes)
+        torch.manual_seed(run.rng_a)
+        amp_train_steps(*a, run.n1, run.dtype, x, y, loss_fn)
         path, written = obs.next("file written")
         check(written is True, f"save_training_state should write {path}: {what}")
         saved_scaler = a[2].state_dict()
         # The steady run's tracker is not a fresh scaler's 0: a scaler restored without it fails.
         check(
-            backoff or saved_scaler["_growth_tracker"] > 0,
+            run.backoff or saved_scaler["_growth_tracker"] > 0,
             f"internal: the growth tracker at the checkpoint is 0: {what}",
         )
         saved_opt = copy.deepcopy(a[1].state_dict())
-        amp_train_steps(*a, n2, dt, data_x, data_y, loss_fn)
-        draw_int(gen, 0, 2**30)  # run B's seed
-        draw_int(gen, 0, 2**30)  # the random state B starts from before loading
-        draw_int(gen, 1, 50)
-        if count:
+        amp_train_steps(*a, run.n2, run.dtype, x, y, loss_fn)
+        if run.gpus:
             _check_gpu_states(
                 obs.next("GPU generator states after loading"),
-                simulated_cuda_states(seed, case, count),
-                f"{what}, {count} simulated GPUs",
+                simulated_cuda_states(seed, case, run.gpus),
+                f"{what}, {run.gpus} simulated GPUs",
             )
         check_equal(
             obs.next("scaler after loading"),
