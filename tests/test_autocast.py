@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from course import autocast as A
+from grader.lessons.l03_autocast import inputs as I
 
 
 def _autocast_kernels(key: str) -> set[str]:
@@ -471,16 +472,16 @@ def test_trace_cases_are_the_same_for_the_same_seed_and_cover_every_kind():
         gen = torch.Generator().manual_seed(seed)
         cases = [
             (kinds, [n for n, _ in model.named_modules()], [x.tolist() for x in inputs])
-            for kinds, _embed, model, inputs in A.trace_cases(gen)
+            for kinds, _embed, model, inputs in I.trace_cases(gen)
         ]
-        raising = [(pos, [n for n, _ in m.named_modules()]) for pos, m, _x in A.raising_cases(gen)]
+        raising = [(pos, [n for n, _ in m.named_modules()]) for pos, m, _x in I.raising_cases(gen)]
         return cases + raising
 
     assert structure(3) == structure(3)
     gen = torch.Generator().manual_seed(4)
-    seen = {k for kinds, *_ in A.trace_cases(gen) for k in kinds}
-    assert seen == set(A.TRACE_KINDS)
-    pos, model, x = next(A.raising_cases(torch.Generator().manual_seed(0)))
+    seen = {k for kinds, *_ in I.trace_cases(gen) for k in kinds}
+    assert seen == set(I.TRACE_KINDS)
+    pos, model, x = next(I.raising_cases(torch.Generator().manual_seed(0)))
     assert A.count_forward_hooks(model) == 2
     with pytest.raises(RuntimeError, match="boom"):
         model(x)
@@ -492,8 +493,8 @@ def test_lse_cases_hold_a_batch_dimension_of_size_one_in_every_draw():
     # depend on the seed, so 20 seeds are enough.
     for seed in range(20):
         gen = torch.Generator().manual_seed(seed)
-        shapes = [tuple(x.shape) for _shape, _scale, _offset, x in A.lse_cases(gen)]
-        assert shapes == [shape for shape, _, _ in A.LSE_TRIALS]
+        shapes = [tuple(x.shape) for _shape, _scale, _offset, x in I.lse_cases(gen)]
+        assert shapes == [shape for shape, _, _ in I.LSE_TRIALS]
         assert any(len(s) >= 2 and 1 in s[:-1] for s in shapes), (seed, shapes)
         assert any(s[0] == 1 and len(s) == 2 for s in shapes), (seed, shapes)
 

@@ -270,7 +270,7 @@ def test_widget_says_when_the_scale_underflows_to_zero_and_keeps_working():
 
 
 def test_every_master_weights_model_has_a_buffer_that_is_not_a_parameter():
-    from grader.lessons.l02_loss_scaling.judge import master_draws, master_model
+    from grader.lessons.l02_loss_scaling.inputs import master_draws, master_model
 
     for seed in range(200):
         trials, _small = master_draws(seed)

@@ -18,7 +18,7 @@ from grader.lessons import LESSONS, SHARED
 from grader.release import lesson_ids
 
 #: The lessons whose hidden tests are written once (the others still replay their drivers' draws).
-WRITTEN_ONCE = ("01-number-formats", "05-accumulation")
+WRITTEN_ONCE = ("01-number-formats", "02-loss-scaling", "03-autocast", "05-accumulation")
 
 
 def _hidden_parts(lesson: str) -> dict[str, str]:

@@ -1,16 +1,14 @@
 """Lesson 02's judges: the references of its hidden tests and the comparisons.
 
-Each judge rebuilds the inputs its driver (the hidden part of the test cell in
-``solutions/02-loss-scaling``) built from the same seed, in the same order, and reads the
-driver's observations in the order it made them. The scaler's scenarios are driven by
-:func:`course.loss_scaling.drive_scaler` in both: the driver with the student's class, the judge
-with ``torch.amp.GradScaler``.
+Each judge builds its driver's inputs with the same functions (``inputs.py``) from the seed the
+observations carry, and reads the observations in the order the driver made them. The scaler's
+scenarios are driven by :func:`course.loss_scaling.drive_scaler` on both sides: the driver with
+the student's class, the judge with ``torch.amp.GradScaler``.
 """
 
 from __future__ import annotations
 
 import math
-import random
 from typing import Any
 
 import torch
@@ -24,12 +22,14 @@ from course.checks import (
     check_equal,
     check_tensor_equal,
 )
-from course.loss_scaling import (
-    ReluStack,
-    clean_steps,
-    drive_scaler,
-    scaler_scenario,
-    unpack_trace,
+from course.loss_scaling import clean_steps, drive_scaler, unpack_trace
+from grader.lessons.l02_loss_scaling.inputs import (
+    master_batches,
+    master_draws,
+    master_model,
+    master_optimizer,
+    scaled_backward,
+    scaler_inputs,
 )
 from grader.observations import Observations
 
@@ -122,16 +122,6 @@ def _compare(ref: dict[str, Any], got: dict[str, Any], exact: bool, where: str) 
         check_equal(b, a, f"state_dict() compared with GradScaler's ({where})")
 
 
-#: The first five scenarios' fixed settings (the other five are drawn whole).
-FIXED = [
-    dict(growth_interval=1, growth_factor=2.0, backoff_factor=0.5, init_scale=2.0**16),
-    dict(growth_interval=2, growth_factor=1.7, backoff_factor=0.3, init_scale=1000.1),
-    dict(growth_interval=3, n_opt=2),
-    dict(growth_interval=2000),
-    dict(n_opt=2),
-]
-
-
 def dynamic_loss_scaler(obs: Observations) -> None:
     """Ten random scenarios (one or two optimizers with two param groups each, infs and nans in
     any gradient, unscale_ with clipping, state_dict round trips, trackers near the interval)
@@ -142,10 +132,8 @@ def dynamic_loss_scaler(obs: Observations) -> None:
         obs.next("hand written") is True,
         "DynamicLossScaler should be a class written by hand, not a subclass of GradScaler",
     )
-    rng = random.Random(seed)
-    for n in range(10):
-        cfg, n_opt, events = scaler_scenario(rng, **(FIXED[n] if n < len(FIXED) else {}))
-        data_seed = rng.randrange(10**6)
+    scenarios, clean = scaler_inputs(seed)
+    for n, (cfg, n_opt, events, data_seed) in enumerate(scenarios):
         where = (
             f"scenario {n}: {cfg}, {n_opt} optimizer(s) with 2 param groups each, some "
             f"unscale_ calls followed by clip_grad_norm_, seed {seed}"
@@ -166,14 +154,7 @@ def dynamic_loss_scaler(obs: Observations) -> None:
     # The top of float32's range: GradScaler keeps the old scale when the grown one would be inf
     # in float32, and still restarts the growth count. And before the first scale() its
     # state_dict holds init_scale as it was given (not rounded to float32).
-    for cfg in (
-        dict(
-            init_scale=rng.choice([2.0**126, 1.5 * 2.0**126, 3.0e38]),
-            growth_factor=rng.choice([2.0, 1.7, 4.0]),
-            growth_interval=rng.choice([1, 2]),
-        ),
-        dict(init_scale=1000.1 + rng.randrange(100), growth_interval=3),
-    ):
+    for cfg in clean:
         ref = clean_steps(_torch_scaler, cfg)
         got = obs.next("clean steps")
         check(
@@ -216,47 +197,6 @@ def _ref_step(
     return not bad
 
 
-#: The loss scale of each of master_weights' six trials.
-MASTER_SCALES = (1.0, 2.0**8, 2.0**12, 2.0**16, 1000.0, 2.0**10)
-
-
-def master_draws(seed: int) -> tuple[list[dict[str, Any]], tuple[float, list[float]]]:
-    """What master_weights' driver draws from ``random.Random(seed)``, in its order: for each
-    trial the model's sizes, its torch seed, the optimizer and, per step, ``None`` or the inf/nan
-    written into a weight gradient and the layer; then the scale and gradients of the last case."""
-    rng = random.Random(seed)
-    trials = []
-    for trial in range(6):
-        sizes = [rng.randint(2, 9) for _ in range(rng.randint(2, 4))]
-        torch_seed = rng.randrange(10**6)
-        kind = rng.choice(["sgd", "adam"])
-        injections: list[tuple[float, int] | None] = []
-        for _ in range(8):
-            if rng.random() < 0.3:
-                value = rng.choice([float("inf"), float("nan"), -float("inf")])
-                injections.append((value, rng.randrange(len(sizes) - 1)))
-            else:
-                injections.append(None)
-        trials.append(
-            dict(
-                sizes=sizes,
-                scale=MASTER_SCALES[trial],
-                torch_seed=torch_seed,
-                kind=kind,
-                injections=injections,
-            )
-        )
-    scale = rng.choice([2.0**10, 2.0**12, 2.0**14])
-    return trials, (scale, [rng.uniform(1.0, 2.0) * 2.0**-21 for _ in range(4)])
-
-
-def master_model(draw: dict[str, Any]) -> nn.Module:
-    """A trial's float16 model, as the driver builds it: a ReluStack, whose ``input_scale``
-    buffer is in ``state_dict()`` but is not a parameter."""
-    torch.manual_seed(draw["torch_seed"])
-    return ReluStack(draw["sizes"]).half()
-
-
 def master_weights(obs: Observations) -> None:
     """Random float16 models with a buffer (SGD with momentum or Adam, weight decay) for eight
     steps at six scales, some with an inf or nan, compared with the reference step by step; then
@@ -281,24 +221,11 @@ def master_weights(obs: Observations) -> None:
             check_dtype(m, torch.float32, f"master {k} {where}")
             check_tensor_equal(m, p.float(), f"master {k}'s values {where}")
             check(apart is True, f"master {k} must not share memory with the model")
-        if draw["kind"] == "sgd":
-            ob: torch.optim.Optimizer = torch.optim.SGD(
-                want, lr=0.05, momentum=0.9, weight_decay=0.01
-            )
-        else:
-            ob = torch.optim.Adam(want, lr=1e-3, weight_decay=0.01)
-        gen = torch.Generator().manual_seed(seed % 10**6 + trial)
-        for it in range(8):
-            x = torch.randn(6, sizes[0], generator=gen).half()
-            y = torch.randint(0, sizes[-1], (6,), generator=gen)
+        ob = master_optimizer(draw, want)
+        for it, batch in enumerate(master_batches(seed, trial, sizes)):
             inject = draw["injections"][it] is not None
             where_it = f"at step {it + 1} {where}" + (" with an inf/nan gradient" if inject else "")
-            loss = nn.functional.cross_entropy(b(x).float(), y)
-            (loss * scale).backward()
-            if inject:
-                value, k = draw["injections"][it]
-                with torch.no_grad():
-                    b.layers[k].weight.grad.view(-1)[0] = value
+            scaled_backward(b, draw, batch, it)
             got = obs.next("step")
             exp = _ref_step(b, want, ob, scale)
             check(

@@ -1,9 +1,7 @@
 """Lesson 03's judges: the references of its hidden tests and the comparisons.
 
-Each judge rebuilds the inputs its driver (the hidden part of the test cell in
-``solutions/03-autocast``) built from the same seed, in the same order (the random models come
-from :func:`course.autocast.trace_cases` in both), and reads the driver's observations in the
-order it made them.
+Each judge builds its driver's inputs with the same functions (``inputs.py``) from the seed the
+observations carry, and reads the observations in the order the driver made them.
 """
 
 from __future__ import annotations
@@ -13,18 +11,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from course.autocast import (
-    cuda_trace_model,
-    digit_images,
-    fits_float16,
-    lesson_model,
-    lse_cases,
-    op_policy,
-    raising_cases,
-    short,
-    trace_cases,
-)
+from course.autocast import digit_images, lesson_model, op_policy, short
 from course.checks import CheckFailed, _short, check, check_close, check_dtype, check_equal
+from grader.lessons.l03_autocast.inputs import (
+    GRADCHECK_SHAPES,
+    cuda_trace_model,
+    fits_float16,
+    lse_edge,
+    lse_inputs,
+    trace_inputs,
+)
 from grader.observations import ObservationError, Observations, Raised
 
 
@@ -82,8 +78,8 @@ def trace_dtypes(obs: Observations) -> None:
     """Random chains of blocks under CPU autocast in both low dtypes, chains that raise at any
     depth (hooks removed, someone else's kept, autocast off again), a CUDA chain on a GPU."""
     seed = obs.seed
-    gen = torch.Generator().manual_seed(seed)
-    for kinds, embed, model, inputs in trace_cases(gen):
+    cases, raising = trace_inputs(seed)
+    for kinds, embed, model, inputs in cases:
         for dtype in (torch.bfloat16, torch.float16):
             want = _ref_trace(model, inputs, "cpu", dtype)
             hooks = obs.next("hooks before")
@@ -95,7 +91,7 @@ def trace_dtypes(obs: Observations) -> None:
                 f"cpu autocast {dtype} (seed {seed})",
             )
             check_equal(obs.next("hooks after"), hooks, "hooks left after trace_dtypes")
-    for pos, _model, _x in raising_cases(gen):
+    for pos, _model, _x in raising:
         before = obs.next("hooks before")
         _raised(
             obs.next("raised"),
@@ -230,9 +226,9 @@ def custom_fwd_function(obs: Observations) -> None:
     (float32 out, computed in float32; float64 stays float64), gradients with ``backward()``
     called inside the region (the backward must see autocast off), gradcheck, rows with -inf."""
     seed = obs.seed
-    gen = torch.Generator().manual_seed(seed)
     check(obs.next("function") is True, "LogSumExp32 must be an autograd Function")
-    for shape, scale, offset, x in lse_cases(gen):
+    cases, _ = lse_inputs(seed)
+    for shape, scale, offset, x, weights in cases:
         x32 = x.float()
         # Outside autocast, float32 in, float32 out, accurate even for huge values.
         got = obs.next("float32")
@@ -263,7 +259,7 @@ def custom_fwd_function(obs: Observations) -> None:
             rtol=2e-3,
             atol=1e-2,
         )
-        for dt in (torch.bfloat16, torch.float16):
+        for dt, w in weights.items():
             if obs.next("skipped") is True:
                 check(dt == torch.bfloat16, "internal: only bfloat16 may be skipped")
                 continue
@@ -310,7 +306,6 @@ def custom_fwd_function(obs: Observations) -> None:
                 atol=1e-9,
             )
             # Gradient under autocast, equal to the softmax; backward() inside the region.
-            w = torch.randn(shape[:-1], generator=gen)
             grad = obs.next("grad")
             check_dtype(grad, dt, f"the gradient of a {dt} input")
             ref_grad = torch.softmax(xl.double(), -1) * w.double().unsqueeze(-1)
@@ -333,14 +328,13 @@ def custom_fwd_function(obs: Observations) -> None:
                 "torch.amp.autocast(device_type, enabled=False) region",
             )
     # gradcheck in float64 outside autocast, several shapes.
-    for shape in [(6,), (3, 4), (2, 3, 5)]:
-        torch.randn(shape, generator=gen, dtype=torch.float64)  # the driver's input
+    for shape in GRADCHECK_SHAPES:
         check(
             obs.next("gradcheck") is True,
             f"gradcheck of LogSumExp32 in float64 on shape {shape} (seed {seed})",
         )
     # A row of -inf mixed with finite values behaves like torch.logsumexp.
-    edge = torch.tensor([[-float("inf"), 0.0, 1.0], [88.0, 89.0, 90.0], [-88.0, -100.0, -120.0]])
+    edge = lse_edge()
     check_close(
         obs.next("edge"),
         torch.logsumexp(edge.double(), -1),
