@@ -698,7 +698,7 @@ def test_every_fp16_mean_draw_has_four_ranks_where_a_fixed_half_prescale_overflo
     # shares (value / 4) sum to a finite mean in every order.
     import itertools
 
-    from grader.lessons.l06_multi_gpu.judge import FOUR, fp16_cases
+    from grader.lessons.l06_multi_gpu.inputs import FOUR, fp16_cases
 
     def float16_sum(parts, order):
         total = parts[order[0]]
@@ -733,7 +733,7 @@ def test_every_fp16_mean_draw_has_subnormal_shares_where_a_fixed_prescale_misses
     # by at least 2^-24 in every order.
     import itertools
 
-    from grader.lessons.l06_multi_gpu.judge import FOUR, fp16_cases
+    from grader.lessons.l06_multi_gpu.inputs import FOUR, fp16_cases
 
     for seed in range(200):
         cases, kinds, _, four = fp16_cases(seed)
@@ -763,7 +763,7 @@ def test_no_fp16_mean_case_can_overflow_a_correct_answer():
     # finite: in every hidden case, on 2 and on 4 ranks, they do in every order.
     import itertools
 
-    from grader.lessons.l06_multi_gpu.judge import fp16_cases
+    from grader.lessons.l06_multi_gpu.inputs import fp16_cases
 
     for seed in range(200):
         cases, _, _, four = fp16_cases(seed)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.utils.benchmark  # the stand-ins below replace its Timer, whatever ran first
 
 import course.float8 as F8
 from course.float8 import (

@@ -365,7 +365,8 @@ def test_train_compare_keeps_its_points_when_the_gradscaler_skips_a_step(monkeyp
     import course.checks
     from course.device import one_cpu_thread
     from grader.lessons import LESSONS
-    from grader.lessons.l09_capstone.judge import _ref_compare, compare_inputs
+    from grader.lessons.l09_capstone.inputs import compare_inputs
+    from grader.lessons.l09_capstone.judge import _ref_compare
 
     cfg, data, args = compare_inputs(SKIPPING_SEED)[0]
     assert args[2] == torch.float16
@@ -380,4 +381,4 @@ def test_train_compare_keeps_its_points_when_the_gradscaler_skips_a_step(monkeyp
     exec(imports.split("\nenv = course.setup")[0], namespace)  # noqa: S102 - the lesson's code
     exec(cells["train_compare"], namespace)  # noqa: S102
     with one_cpu_thread():
-        exec(hidden, namespace)  # noqa: S102 - the driver judges at _obs.done(): raises if wrong
+        exec(hidden, namespace)  # noqa: S102 - the driver judges when done: raises if wrong

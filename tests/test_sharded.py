@@ -24,17 +24,19 @@ from course.sharded import (
     sharded_worker,
     single_process_run,
 )
-from grader.lessons.l07_sharded.judge import (
+from grader.lessons.l07_sharded.inputs import (
     SPLIT_SIZES,
-    _unit_bytes,
-    bf16_bracket,
     fsdp_configs,
-    maxima_split,
-    measure_memory,
     memory_candidates,
-    memory_worker,
     split_hiddens,
     sr_inputs,
+)
+from grader.lessons.l07_sharded.judge import (
+    _unit_bytes,
+    bf16_bracket,
+    maxima_split,
+    measure_memory,
+    memory_worker,
 )
 from tests.conftest import SOLUTIONS, lesson_notebook
 

@@ -17,9 +17,6 @@ from grader.judge import judges
 from grader.lessons import LESSONS, SHARED
 from grader.release import lesson_ids
 
-#: The lessons whose hidden tests are written once (the others still replay their drivers' draws).
-WRITTEN_ONCE = ("01-number-formats", "02-loss-scaling", "03-autocast", "05-accumulation")
-
 
 def _hidden_parts(lesson: str) -> dict[str, str]:
     nb = nbformat.read(LESSONS[lesson].notebook, as_version=4)
@@ -31,7 +28,7 @@ def _hidden_parts(lesson: str) -> dict[str, str]:
     return parts
 
 
-@pytest.mark.parametrize("lesson", WRITTEN_ONCE)
+@pytest.mark.parametrize("lesson", list(LESSONS))
 def test_a_hidden_test_is_one_call_to_its_lessons_driver(lesson):
     """The hidden part imports ``drive_<exercise>`` from the lesson's ``inputs`` and calls it with
     the test cell's globals; the driver observes that exercise (the judge's), and the judge builds
@@ -60,9 +57,7 @@ def test_every_lesson_has_one_entry_and_its_pieces_exist():
     assert list(LESSONS) == lesson_ids(REPO_ROOT / "solutions")
     for entry in LESSONS.values():
         assert entry.notebook.is_file(), entry
-        expected = {"__init__.py", "judge.py", "variants.py"}
-        if entry.id in WRITTEN_ONCE:
-            expected.add("inputs.py")
+        expected = {"__init__.py", "inputs.py", "judge.py", "variants.py"}
         assert {p.name for p in entry.folder.glob("*.py")} == expected, entry
         assert entry.judge().JUDGES and entry.variants().VARIANTS, entry
         for test in entry.tests:

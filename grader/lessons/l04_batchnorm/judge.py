@@ -1,8 +1,7 @@
 """Lesson 04's judges: the references of its hidden tests and the comparisons.
 
-Each judge rebuilds the inputs its driver (the hidden part of the test cell in
-``solutions/04-batchnorm``) built from the same seed, in the same order, and reads the driver's
-observations in the order it made them.
+Each judge builds its driver's inputs with the same functions (``inputs.py``) from the seed the
+observations carry, and reads the observations in the order the driver made them.
 """
 
 from __future__ import annotations
@@ -22,15 +21,14 @@ from course.checks import (
     check_tensor_equal,
 )
 from course.normalization import (
-    NORM_TEST_KINDS,
     NORM_TYPES,
     OTHER_NORM_TYPES,
     NormCall,
     norm_layers_in,
-    norm_test_model,
     one_thread,
     own_tensors,
 )
+from grader.lessons.l04_batchnorm.inputs import NormCase, momentum_inputs, norm_cases
 from grader.observations import Observations, Raised
 
 
@@ -102,14 +100,13 @@ def _close_as_fp16(
     )
 
 
-def _case(obs: Observations, kind: str, sub: bool, mode: str, gen: torch.Generator) -> None:
-    seed = obs.seed
-    base, shape = norm_test_model(kind, sub, gen)
+def _case(obs: Observations, case: NormCase) -> None:
+    base = case.base
     what = (
-        f"half_with_fp32_norm on a {'subclassed ' if sub else ''}{kind} model in {mode} mode "
-        f"(seed {seed})"
+        f"half_with_fp32_norm on a {'subclassed ' if case.sub else ''}{case.kind} model in "
+        f"{case.mode} mode (seed {obs.seed})"
     )
-    train = mode == "train"
+    train = case.mode == "train"
     exact = copy.deepcopy(base).train(train)
     mixed = _ref_half_with_fp32_norm(copy.deepcopy(base)).train(train)
     is_module, type_name = obs.next("returned")
@@ -131,8 +128,7 @@ def _case(obs: Observations, kind: str, sub: bool, mode: str, gen: torch.Generat
         f"{what}: the model should still hold {len(norm_layers_in(exact))} normalization layers, "
         f"found {count}",
     )
-    x16 = torch.randn(shape, generator=gen).half()
-    out_exact, out_mixed = exact(x16.float()), mixed(x16)
+    out_exact, out_mixed = exact(case.x16.float()), mixed(case.x16)
     forward = obs.next("forward")
     check(isinstance(forward, dict), f"internal: {what}: the forward pass was not recorded")
     if "error" in forward:
@@ -183,8 +179,8 @@ def _case(obs: Observations, kind: str, sub: bool, mode: str, gen: torch.Generat
             int(e.num_batches_tracked),
             f"{what}: num_batches_tracked of a {type(e).__name__}",
         )
-    if train:
-        w = torch.randn(out.shape, generator=gen)
+    if case.weights is not None:
+        w = case.weights
         for o in (out_mixed, out_exact):
             (o.float() * w).sum().backward()
         gscale = max(e.grad.abs().max().item() for e in exact.parameters()) + 1e-6
@@ -207,12 +203,9 @@ def keep_norm_fp32(obs: Observations) -> None:
     outputs, running statistics and gradients within float16's own error of float32's. Every
     draw holds InstanceNorm1d/2d/3d and RMSNorm layers, which are not on the task's list: their
     tensors must become float16."""
-    gen = torch.Generator().manual_seed(obs.seed)
     with one_thread():
-        for kind in NORM_TEST_KINDS:
-            for sub in (False, True) if kind != "no_norm" else (False,):
-                for mode in ("train", "eval"):
-                    _case(obs, kind, sub, mode, gen)
+        for case in norm_cases(obs.seed):
+            _case(obs, case)
 
 
 def _raised(got: object, what: str) -> None:
@@ -230,8 +223,8 @@ def bn_momentum(obs: Observations) -> None:
     """200 random Keras momenta and the edges, out-of-range values that must raise, and
     BatchNorm1d layers whose running statistics must follow Keras's weights."""
     seed = obs.seed
-    gen = torch.Generator().manual_seed(seed)
-    for k in torch.rand(200, generator=gen, dtype=torch.float64).tolist() + [0.0, 1.0, 0.5]:
+    inputs = momentum_inputs(seed)
+    for k in inputs.momenta:
         got = obs.next("momentum")
         check(
             type(got) is float,
@@ -240,25 +233,11 @@ def bn_momentum(obs: Observations) -> None:
         )
         check_close(got, 1.0 - k, f"pytorch_momentum({k!r}) (seed {seed})", rtol=0, atol=1e-15)
     check_equal(obs.next("zero"), 1.0, "pytorch_momentum(0)")
-    bad = [
-        1 + float(torch.rand((), generator=gen)) * 10,
-        -float(torch.rand((), generator=gen)) * 10,
-        -1e-9,
-        1 + 1e-9,
-        float("nan"),
-        float("inf"),
-        -float("inf"),
-        2,
-        -1,
-    ]
-    for k in bad:
+    for k in inputs.out_of_range:
         _raised(obs.next("out of range"), f"pytorch_momentum({k!r})")
-    for _trial in range(5):
-        km = 0.5 + 0.499 * float(torch.rand((), generator=gen))
-        c = int(torch.randint(1, 6, (), generator=gen))
+    for km, c, batches in inputs.layers:
         mean, var = torch.zeros(c, dtype=torch.float64), torch.ones(c, dtype=torch.float64)
-        for _ in range(20):
-            b = torch.randn(12, c, generator=gen) * 2 - 1
+        for b in batches:
             mean = km * mean + (1 - km) * b.double().mean(0)
             var = km * var + (1 - km) * b.double().var(0)
         running_mean, running_var = obs.next("running statistics")

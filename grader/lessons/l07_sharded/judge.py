@@ -1,10 +1,10 @@
 """Lesson 07's judges: the references of its hidden tests and the comparisons.
 
-Each judge rebuilds the inputs its driver (the hidden part of the test cell in
-``solutions/07-sharded``) built from the same seed, in the same order, and reads the driver's
-observations in the order it made them. The references run here, in the grader's process:
-``fsdp_amp_worker``'s FSDP2 run and ``shard_memory``'s measurement start their own ranks with
-:func:`course.launch.launch`; nothing of them ever reaches the student's ranks.
+Each judge builds its driver's inputs with the same functions (``inputs.py``) from the seed the
+observations carry, and reads the observations in the order the driver made them. The references
+run here, in the grader's process: ``fsdp_amp_worker``'s FSDP2 run and ``shard_memory``'s
+measurement start their own ranks with :func:`course.launch.launch`; nothing of them ever
+reaches the student's ranks.
 """
 
 from __future__ import annotations
@@ -34,7 +34,12 @@ from course.sharded import (
     record_backward_peaks,
     record_step_gradients,
     sharded_worker,
-    split_hiddens,
+)
+from grader.lessons.l07_sharded.inputs import (
+    fsdp_configs,
+    memory_candidates,
+    sr_inputs,
+    state_digest,
 )
 from grader.observations import Foreign, Observations
 
@@ -46,53 +51,8 @@ def _type_name(value: Any) -> str:
     return getattr(value, "observed_type", "") or type(value).__name__
 
 
-def _pick(gen: torch.Generator, options: list) -> Any:
-    return options[int(torch.randint(0, len(options), (), generator=gen))]
-
-
 # --------------------------------------------------------------------------------------------
 # fsdp_amp_worker
-
-#: The options each hidden config draws from, in the order the driver draws them.
-FSDP_OPTIONS = {
-    "n_in": [8, 12, 16],
-    "width": [16, 24, 32],
-    "hidden": [24, 48],
-    "depth": [1, 2, 3],
-    "n_out": [3, 5, 7],
-    "steps": [3, 4],
-    "global_batch": [8, 12, 16],
-    "lr": [3e-3, 1e-2, 3e-2],
-    # Never AdamW's default (0.01) nor 0: an AdamW built by hand without weight_decay, or an
-    # optimizer without decay, loses on every draw (decoupled decay scales the weights by
-    # 1 - lr * wd per step: 3 steps at the smallest lr with 0.03 instead of 0.01 differ by
-    # 1.8e-4 of each weight, far beyond the comparison's rtol of 1e-5).
-    "weight_decay": [0.03, 0.1],
-}
-
-
-def fsdp_configs(seed: int) -> list[FSDPConfig]:
-    """The driver's three configs: both reduce dtypes in every draw (and a bfloat16 reduction
-    of bfloat16 compute), so neither can be hard-coded; weight decays that are not AdamW's
-    default."""
-    gen = torch.Generator().manual_seed(seed)
-    dtypes = [
-        (torch.bfloat16, torch.float32),
-        (torch.bfloat16, torch.bfloat16),
-        (torch.float32, _pick(gen, [torch.float32, torch.bfloat16])),
-    ]
-    configs = []
-    for param_dtype, reduce_dtype in dtypes:
-        drawn = {name: _pick(gen, options) for name, options in FSDP_OPTIONS.items()}
-        configs.append(
-            FSDPConfig(
-                **drawn,
-                param_dtype=param_dtype,
-                reduce_dtype=reduce_dtype,
-                seed=int(torch.randint(0, 10**6, (), generator=gen)),
-            )
-        )
-    return configs
 
 
 def _reference_worker(rank: int, world_size: int, configs: list[FSDPConfig]) -> list[dict]:
@@ -337,72 +297,6 @@ HINTS = {
     "necessarily the peak of the unit with the largest gathered copy",
 }
 
-#: Candidate draws the driver asks shard_memory about per case. The judge checks the first one
-#: that separates the accountings (see :func:`telling`), as the old test's loop drew until one
-#: did; about 59% of draws do, so 24 hold one but with odds below 1e-9 (then the first is
-#: checked, which a correct function passes as well).
-MEMORY_CANDIDATES = 24
-#: One case per world size; the last has no policy dtypes (param_dtype and reduce_dtype None:
-#: each unit gathers and reduces in its own dtype), a bfloat16 root and a float32 block, so a
-#: count that takes float32 for a None is wrong there. A fifth case follows them (see
-#: :func:`split_hiddens`).
-MEMORY_WORLD_SIZES = (2, 2, 3, 2)
-
-
-def memory_candidates(seed: int) -> list[list[tuple[FSDPConfig, int, Any, Any, str]]]:
-    """Per case, the driver's candidate draws ``(config, world_size, param_dtype,
-    reduce_dtype, optimizer)`` (the config with the default policy dtypes, as drawn): 24 for
-    each of :data:`MEMORY_WORLD_SIZES`, then the one of the case that splits the maxima."""
-    gen = torch.Generator().manual_seed(seed)
-    cases = []
-    for trial, ws in enumerate(MEMORY_WORLD_SIZES):
-        drawn = []
-        for _ in range(MEMORY_CANDIDATES):
-            depth = _pick(gen, [1, 2, 3])
-            dtypes = tuple(_pick(gen, [torch.bfloat16, torch.float32]) for _ in range(1 + depth))
-            cfg = FSDPConfig(
-                n_in=_pick(gen, [40, 64, 96]),
-                width=_pick(gen, [9, 16, 24]),
-                hidden=_pick(gen, [7, 16, 24]),
-                depth=depth,
-                n_out=_pick(gen, [3, 5, 7]),
-                seed=int(torch.randint(0, 10**6, (), generator=gen)),
-                unit_dtypes=dtypes,
-            )
-            pd = _pick(gen, [torch.bfloat16, torch.float32, None])
-            rd = _pick(gen, [torch.bfloat16, torch.float32])
-            if trial == 0:
-                rd = torch.float32 if (pd or dtypes[0]) == torch.bfloat16 else torch.bfloat16
-            if trial == 3:
-                cfg = replace(cfg, unit_dtypes=(torch.bfloat16, torch.float32, *dtypes[2:]))
-                pd = rd = None
-            opt = _pick(gen, ["adamw", "sgd"]) if trial else "adamw"
-            drawn.append((cfg, ws, pd, rd, opt))
-        cases.append(drawn)
-    # The last case, one model: no param_dtype, the root in one dtype and the blocks in the
-    # other, a reduce_dtype, and a block width among those that split the two maxima.
-    depth = _pick(gen, [1, 2])
-    n_in, width, n_out = (_pick(gen, options) for options in SPLIT_SIZES)
-    root, block = _pick(gen, [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)])
-    rd = _pick(gen, [torch.bfloat16, torch.float32])
-    ws = _pick(gen, [2, 3])
-    hidden = _pick(gen, split_hiddens(n_in, width, n_out, root, block, rd, ws))
-    cfg = FSDPConfig(
-        n_in=n_in,
-        width=width,
-        hidden=hidden,
-        depth=depth,
-        n_out=n_out,
-        seed=int(torch.randint(0, 10**6, (), generator=gen)),
-        unit_dtypes=(root, *[block] * depth),
-    )
-    cases.append([(cfg, ws, None, rd, _pick(gen, ["adamw", "sgd"]))])
-    return cases
-
-
-#: The last case's sizes (``n_in``, ``width``, ``n_out``), drawn before its block width.
-SPLIT_SIZES = ([40, 64, 96], [9, 16, 24], [3, 5, 7])
-
 
 def maxima_split(cfg: FSDPConfig, world_size: int, param_dtype: Any, reduce_dtype: Any) -> bool:
     """Whether the unit with the largest gathered copy and the unit with the largest backward
@@ -445,17 +339,6 @@ def telling(cfg: FSDPConfig, world_size: int, param_dtype: Any, reduce_dtype: An
     return len(set(cfg.unit_dtypes)) == 2 and all(
         sizes[0][j] > max(s[j] for s in sizes[1:]) for j in (0, 1)
     )
-
-
-def state_digest(model: torch.nn.Module) -> str:
-    """SHA-256 of a model's state dict: names, dtypes, shapes and bytes (what the driver
-    records after shard_memory ran, to see it left the model as it was)."""
-    digest = hashlib.sha256()
-    for key, value in model.state_dict().items():
-        value = value.detach().cpu().contiguous()
-        digest.update(f"{key}|{value.dtype}|{tuple(value.shape)}|".encode())
-        digest.update(value.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 def shard_memory(obs: Observations) -> None:
@@ -596,58 +479,6 @@ def _check_histogram(
     ups_t = torch.tensor(ups, dtype=torch.int64)
     _check_shares(values, ups_t, frac, what, n_repeats)
     return ups_t, frac
-
-
-def below_power_bits(gen: torch.Generator) -> torch.Tensor:
-    """Four values just below a power of two, two of each sign (the driver's draw): the largest
-    mantissa (127) of a random binade, past the middle of its gap, so each rounds to nearest up
-    to the power of two, whose gap above is twice the value's own. A function that takes the
-    gap from that power of two picks a value two steps below the upper neighbour."""
-    return (
-        (torch.tensor([0, 0, 1, 1], dtype=torch.int32) << 31)
-        | (torch.randint(1, 254, (4,), generator=gen, dtype=torch.int32) << 23)
-        | (127 << 16)
-        | torch.randint(32768, 62260, (4,), generator=gen, dtype=torch.int32)
-    )
-
-
-def sr_inputs(seed: int) -> dict[str, Any]:
-    """The driver's inputs, drawn in its order."""
-    gen = torch.Generator().manual_seed(seed)
-    k, n = 56, 8192
-    exp = torch.randint(0, 254, (k,), generator=gen, dtype=torch.int32)
-    mant = torch.randint(0, 128, (k,), generator=gen, dtype=torch.int32)
-    sign = torch.randint(0, 2, (k,), generator=gen, dtype=torch.int32)
-    low = torch.randint(3277, 62260, (k,), generator=gen, dtype=torch.int32)
-    bits = (sign << 31) | (exp << 23) | (mant << 16) | low
-    below = below_power_bits(gen)
-    edge = torch.tensor(
-        [0x3F802000, 0x0D802000, 0x7F7E8000, 0x7F7EF000, 0x00004000], dtype=torch.int32
-    )
-    bits = torch.cat([bits, edge, edge | (1 << 31), below])
-    values = bits.view(torch.float32)
-    half_bits = (
-        (torch.randint(0, 2, (), generator=gen, dtype=torch.int32) << 31)
-        | (torch.randint(1, 254, (), generator=gen, dtype=torch.int32) << 23)
-        | (torch.randint(0, 128, (), generator=gen, dtype=torch.int32) << 16)
-        | 0x8000
-    )
-    # NaNs of both signs whose payload lies only in the low 16 bits (below 2^12): the bit trick
-    # alone turns each into an infinity unless its noise carries, with probability 1/16 or less.
-    nan_bits = (
-        (torch.randint(0, 2, (16,), generator=gen, dtype=torch.int32) << 31)
-        | 0x7F800000
-        | torch.randint(1, 1 << 12, (16,), generator=gen, dtype=torch.int32)
-    )
-    return {
-        "n": n,
-        "k": len(bits),
-        "bits": bits,
-        "values": values,
-        "x": values.repeat_interleave(n),
-        "half": half_bits.view(torch.float32).expand(n).contiguous(),
-        "nans": nan_bits.view(torch.float32),
-    }
 
 
 def stochastic_round_bf16(obs: Observations) -> None:

@@ -1,16 +1,15 @@
 """Lesson 08's judges: the references of its hidden tests and the comparisons.
 
-Each judge rebuilds the inputs its driver (the hidden part of the test cell in
-``solutions/08-float8``) built from the same seed, in the same order, and reads the driver's
-observations in the order it made them. The drivers call the student's quantizers under
-``course.float8.CastsOverflowToNaN`` (casts beyond the range give NaN), so a quantizer that leaves
-saturation to the cast returns NaN, which the judges see in what was recorded.
+Each judge builds its driver's inputs with the same functions (``inputs.py``) from the seed the
+observations carry, and reads the observations in the order the driver made them. The drivers
+call the student's quantizers under ``course.float8.CastsOverflowToNaN`` (casts beyond the range
+give NaN), so a quantizer that leaves saturation to the cast returns NaN, which the judges see in
+what was recorded.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import torch
 
@@ -23,6 +22,13 @@ from course.checks import (
     check_tensor_equal,
 )
 from course.float8 import FP8_FORMATS, fp8_max
+from grader.lessons.l08_float8.inputs import (
+    current_edges,
+    current_inputs,
+    mx_inputs,
+    scaler_inputs,
+    scaler_subnormals,
+)
 from grader.observations import Observations, Raised
 
 _TOP32 = torch.finfo(torch.float32).max
@@ -55,45 +61,11 @@ def _ref_scale(x: torch.Tensor, fmt: torch.dtype, axis: int | None) -> torch.Ten
     return torch.where(amax > 0, (fmax / amax).clamp(max=_TOP32), torch.ones_like(amax))
 
 
-def current_cases(
-    gen: torch.Generator,
-) -> Iterator[tuple[tuple[int, ...], int | None, torch.dtype, torch.dtype, torch.Tensor]]:
-    """The random inputs of quantize_current, as the driver draws them: every shape with both
-    axes, in every input dtype and both formats; some with an all-zero row, some all zero."""
-    shapes = [(7,), (5, 9), (3, 4, 6), (1, 1), (16, 1), (2, 33), (4, 64)]
-    cases = [
-        (shape, axis, dtype, fmt)
-        for shape in shapes
-        for axis in (None, -1)
-        for dtype in (torch.float32, torch.bfloat16, torch.float16)
-        for fmt in FP8_FORMATS
-    ]
-    for trial, (shape, axis, dtype, fmt) in enumerate(cases):
-        x = torch.randn(shape, generator=gen)
-        x = x * 2.0 ** (torch.rand(shape[:-1] + (1,), generator=gen) * 24 - 12)
-        if trial % 4 == 1 and len(shape) > 1:
-            x[..., 0, :] = 0.0
-        if trial % 11 == 5:
-            x = torch.zeros(shape)
-        yield shape, axis, dtype, fmt, x.to(dtype)
-
-
-def current_edges() -> list[torch.Tensor]:
-    """An amax whose own product overflows fmax in float32, and amaxes below fmax / 3.4e38."""
-    return [
-        torch.tensor([[1.359375, -0.5, 0.25], [-1.359375, 1.0, 0.0]]),
-        torch.tensor(
-            [[1e-37, -4e-38, 0.0], [2.0**-149, 0.0, 0.0], [0.0, 0.0, 0.0], [3.0, -1.0, 0.0]]
-        ),
-    ]
-
-
 def current_scaling(obs: Observations) -> None:
     """Random tensors of several shapes, dtypes, axes and formats; the product in float32; a 0-d
     tensor; huge and tiny elements side by side; the clamp on the amax itself; capped scales."""
     seed = obs.seed
-    gen = torch.Generator().manual_seed(seed)
-    for shape, axis, dtype, fmt, x in current_cases(gen):
+    for shape, axis, dtype, fmt, x in current_inputs(seed):
         where = f"({fmt}, axis={axis}, shape {tuple(shape)}, {dtype}, seed {seed})"
         q, s = _pair(obs.next("random"), "quantize_current")
         after = obs.next("input after")
@@ -220,40 +192,12 @@ def _check_quantized(
     )
 
 
-def scaler_stream(gen: torch.Generator) -> Iterator[tuple[int, int, int, int, torch.Tensor]]:
-    """The random streams of DelayedScaling, as the driver draws them: ``(fmt index,
-    history_len, margin, step, x)``; magnitudes from 2^-18 to 2^18, spikes, zeros, bfloat16."""
-    for f in range(len(FP8_FORMATS)):
-        for hl, margin in [(1, 0), (3, 0), (5, 2), (16, 1), (16, 0)]:
-            for step in range(14):
-                shape = [(257,), (8, 33), (3, 4, 5), (1,)][step % 4]
-                log_mag = float(torch.rand((), generator=gen) * 36 - 18)
-                x = torch.randn(shape, generator=gen) * 2.0**log_mag
-                if step % 5 == 4:
-                    x = x * 2.0**12
-                if step % 7 == 6:
-                    x = torch.zeros(shape)
-                if step % 3 == 1:
-                    x = x.to(torch.bfloat16)
-                yield f, hl, margin, step, x
-
-
-def scaler_subnormals() -> list[torch.Tensor]:
-    """Histories of float32 subnormals: fmax / amax is beyond float32."""
-    return [
-        torch.tensor([1e-40, 0.0]),
-        torch.tensor([1e-40, -3e-41, 0.0]),
-        torch.tensor([2.0**-149, 0.0, -(2.0**-149)]),
-    ]
-
-
 def fp8_scaler(obs: Observations) -> None:
     """Random streams with spikes and zeros in both formats, history lengths and margins; the
     product in float32; the window; zeros; saturation; histories of float32 subnormals."""
     seed = obs.seed
-    gen = torch.Generator().manual_seed(seed)
     ref = None
-    for f, hl, margin, step, x in scaler_stream(gen):
+    for f, hl, margin, step, x in scaler_inputs(seed):
         fmt = FP8_FORMATS[f]
         if step == 0:
             ref = _RefScaling(fmt, hl, margin)
@@ -408,75 +352,13 @@ def _check_mx(obs: Observations, x: torch.Tensor, block: int, fmt: torch.dtype, 
     check_tensor_equal(back, want_back, f"mx_dequantize {what}")
 
 
-MX_CASES = [
-    ((3, 70), 32),
-    ((2, 3, 64), 32),
-    ((5,), 32),
-    ((1, 1), 32),
-    ((4, 33), 16),
-    ((6, 50), 7),
-    ((2, 96), 32),
-    ((3, 31), 8),
-]
-
-
-def mx_random(
-    gen: torch.Generator,
-) -> Iterator[tuple[int, tuple[int, ...], int, torch.dtype, torch.dtype, torch.Tensor]]:
-    """The 32 random inputs of mx_quantize, as the driver draws them."""
-    for trial in range(32):
-        shape, block = MX_CASES[trial % len(MX_CASES)]
-        fmt = FP8_FORMATS[(trial // len(MX_CASES)) % 2]
-        dtype = (torch.float32, torch.bfloat16, torch.float16, torch.float32)[trial % 4]
-        x = torch.randn(shape, generator=gen)
-        lim = 12 if dtype == torch.float16 else 40
-        x = x * 2.0 ** (torch.randint(-lim, lim, shape[:-1] + (1,), generator=gen)).float()
-        yield trial, shape, block, dtype, fmt, x.to(dtype)
-
-
-def mx_edges(gen: torch.Generator) -> list[torch.Tensor]:
-    """Edge blocks: zeros, float32 subnormals, amaxes at and just below powers of two, at the
-    format's max, beyond it after scaling, huge values, elements below float8's subnormals."""
-    k = torch.randint(-30, 30, (8,), generator=gen)
-    pow2 = torch.ldexp(torch.ones(8), k)
-    return [
-        torch.zeros(32),
-        torch.ldexp(torch.randn(32, generator=gen), torch.full((32,), -140)),
-        torch.ldexp(torch.ones(32), torch.full((32,), -149)),
-        torch.cat([torch.nextafter(pow2, torch.zeros(8)), torch.randn(24, generator=gen) * 1e-3]),
-        torch.cat([pow2 * 1.75, -pow2 * 1.75, torch.randn(16, generator=gen)]),
-        torch.cat([pow2 * 1.99, pow2 * 1.8, pow2 * 1.875, pow2 * 1.76]),
-        torch.tensor([3.0e38, -2.5e38] + [1.0] * 30),
-        torch.tensor([1e-30] * 31 + [0.0]),
-        torch.cat([torch.ones(1), torch.ldexp(torch.full((31,), 1.5), -torch.arange(10, 41))]),
-    ]
-
-
 def mx_block_quantize(obs: Observations) -> None:
     """Random tensors in three dtypes, both formats and several block sizes, then edge blocks
     one by one, in rows of 8, and all in one row that ends in a short block."""
     seed = obs.seed
-    gen = torch.Generator().manual_seed(seed)
-    for trial, shape, block, dtype, fmt, x in mx_random(gen):
-        _check_mx(
-            obs,
-            x,
-            block,
-            fmt,
-            f"({fmt}, block {block}, shape {shape}, {dtype}, seed {seed}, trial {trial})",
-        )
-    edges = mx_edges(gen)
-    for fmt in FP8_FORMATS:
-        for i, blk in enumerate(edges):
-            _check_mx(obs, blk.reshape(1, 32), 32, fmt, f"(edge block {i}, {fmt}, seed {seed})")
-            _check_mx(obs, blk.reshape(4, 8), 8, fmt, f"(edge block {i} in rows of 8, {fmt})")
-        _check_mx(
-            obs,
-            torch.cat(edges)[: 32 * 8 - 5].reshape(1, -1),
-            32,
-            fmt,
-            f"(all edge blocks in one row of {32 * 8 - 5}, {fmt})",
-        )
+    for x, block, fmt in mx_inputs(seed):
+        what = f"({fmt}, block {block}, shape {tuple(x.shape)}, {x.dtype}, seed {seed})"
+        _check_mx(obs, x, block, fmt, what)
 
 
 JUDGES = {

@@ -1,10 +1,9 @@
 """Lesson 09's judges: the references of its hidden tests and the comparisons.
 
-Each judge rebuilds the inputs its driver (the hidden part of the test cell in
-``solutions/09-capstone``) built from the same seed, in the same order, and reads the driver's
-observations in the order it made them. The references run on one CPU thread
-(``course.device.one_cpu_thread``): they are tiny, and on a busy machine torch's thread pool makes
-them many times slower (0.5 s against 5-19 s measured, 2 cores).
+Each judge builds its driver's inputs with the same functions (``inputs.py``) from the seed the
+observations carry, and reads the observations in the order the driver made them. The references
+run on one CPU thread (``course.device.one_cpu_thread``): they are tiny, and on a busy machine
+torch's thread pool makes them many times slower (0.5 s against 5-19 s measured, 2 cores).
 """
 
 from __future__ import annotations
@@ -17,36 +16,14 @@ from course import gpt_train as T
 from course.checks import check, check_close, check_equal
 from course.device import one_cpu_thread
 from course.gpt import GPT, IGNORE, GPTConfig, lm_loss, random_batches, val_batch
+from grader.lessons.l09_capstone.inputs import compare_inputs, flops_inputs
 from grader.observations import Observations, Raised
-
-#: GPT-2 small's sizes (124M parameters, a vocabulary of 50257), asked for two sequences.
-GPT2 = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, d_model=768, d_ff=3072)
 
 
 def _ref_flops(config: GPTConfig, tokens: int) -> int:
     d, t = config.d_model, config.block_size
     per_layer = 2 * (3 * d * d + d * d + 2 * d * config.d_ff) + 2 * (2 * t * d)
     return 3 * tokens * (config.n_layer * per_layer + 2 * d * config.vocab_size)
-
-
-def flops_inputs(seed: int) -> list[tuple[GPTConfig, int]]:
-    """The (config, tokens) pairs the driver asks about, as it builds them."""
-    gen = torch.Generator().manual_seed(seed)
-    cases = []
-    for _ in range(6):
-        v = torch.randint(0, 10**6, (7,), generator=gen).tolist()
-        heads = 1 + v[0] % 4
-        cfg = GPTConfig(
-            vocab_size=16 + v[1] % 285,
-            block_size=2 + v[2] % 39,
-            n_layer=1 + v[3] % 4,
-            n_head=heads,
-            d_model=heads * (1 + v[4] % 24),
-            d_ff=1 + v[5] % 96,
-        )
-        cases.append((cfg, (1 + v[6] % 5) * cfg.block_size))
-    cases.append((GPT2, 2 * GPT2.block_size))
-    return cases
 
 
 def transformer_flops(obs: Observations) -> None:
@@ -79,32 +56,6 @@ MIN_SCALE_RATIO = 2.0
 #: The gradients the AMP run's optimizer steps with, over the fp32 run's: about 1 when unscaled
 #: first, the scale (65536) when the optimizer steps on scaled gradients.
 MAX_STEP_RATIO = 4.0
-INIT_STD = 1e-4
-LR = 1e-2
-
-
-def compare_inputs(seed: int) -> list[tuple[GPTConfig, tuple, tuple]]:
-    """(config, data, (steps, device_type, amp_dtype, seed, lr, batch_size)) per driver call."""
-    gen = torch.Generator().manual_seed(seed)
-    cases = []
-    for dtype in (torch.float16, torch.bfloat16):
-        v = torch.randint(0, 10**6, (8,), generator=gen).tolist()
-        heads = 1 + v[0] % 2
-        cfg = GPTConfig(
-            vocab_size=256,
-            block_size=8 + v[1] % 17,
-            n_layer=1 + v[2] % 2,
-            n_head=heads,
-            d_model=heads * (8 + v[3] % 9),
-            d_ff=16 + v[4] % 49,
-            init_std=INIT_STD,
-        )
-        data = (
-            torch.randint(0, 256, (20_000,), generator=gen, dtype=torch.uint8),
-            torch.randint(0, 256, (3_000,), generator=gen, dtype=torch.uint8),
-        )
-        cases.append((cfg, data, (3 + v[5] % 4, "cpu", dtype, v[6], LR, 2 + v[7] % 5)))
-    return cases
 
 
 def _ref_compare(cfg, data, steps, device_type, amp_dtype, seed, lr, batch_size) -> dict:
