@@ -251,7 +251,8 @@ def test_the_judges_and_solutions_cannot_be_read_from_the_sandbox():
         "import importlib.util, os\n"
         f"paths = [{str(LESSONS['01-number-formats'].folder)!r}, "
         f"{str(REPO_ROOT / 'solutions')!r}, {str(LESSON01)!r}]\n"
-        "print([os.path.exists(p) for p in paths], importlib.util.find_spec('grader') is None)\n"
+        "judge = importlib.util.find_spec('grader.lessons.l01_number_formats.judge')\n"
+        "print([os.path.exists(p) for p in paths], judge is None)\n"
     )
     nb = new_notebook()
     nb.cells = [new_code_cell(probe)]

@@ -20,7 +20,8 @@ from grader.lessons.drive import observer
 # -- them, the judge traces the same ones itself. Nothing here traces a model.
 
 
-def _first_output_tensor(out: object) -> torch.Tensor | None:
+def first_output_tensor(out: object) -> torch.Tensor | None:
+    """``out`` if it is a tensor, else the first tensor in it (a tuple or list), else None."""
     if isinstance(out, torch.Tensor):
         return out
     if isinstance(out, (tuple, list)):
@@ -134,7 +135,7 @@ class TraceChain(nn.Module):
         if rest:
             x = x * rest[0]
         for name in self.order:
-            x = _first_output_tensor(getattr(self, name)(x))
+            x = first_output_tensor(getattr(self, name)(x))
         return x
 
 

@@ -16,22 +16,13 @@ from course.checks import CheckFailed, _short, check, check_close, check_dtype, 
 from grader.lessons.l03_autocast.inputs import (
     GRADCHECK_SHAPES,
     cuda_trace_model,
+    first_output_tensor,
     fits_float16,
     lse_edge,
     lse_inputs,
     trace_inputs,
 )
 from grader.observations import ObservationError, Observations, Raised
-
-
-def _first_tensor(o: object) -> torch.Tensor | None:
-    if isinstance(o, torch.Tensor):
-        return o
-    if isinstance(o, (tuple, list)):
-        for t in o:
-            if isinstance(t, torch.Tensor):
-                return t
-    return None
 
 
 def _ref_trace(
@@ -42,7 +33,7 @@ def _ref_trace(
 
     def hook(name: str) -> Any:
         def record(m: nn.Module, a: object, o: object) -> None:
-            t = _first_tensor(o)
+            t = first_output_tensor(o)
             if t is not None:
                 out[name] = t.dtype
 
