@@ -29,6 +29,7 @@ def bits_patterns(seed: int) -> list[tuple[tuple[int, ...], torch.Tensor]]:
 
 
 def drive_fp16_bits(namespace: dict[str, Any], fp16_bits: Callable) -> None:
+    """Each pattern as float16: what fp16_bits returns, and the input after the call."""
     obs, seed = observer("fp16_bits", namespace)
     for _, raw in bits_patterns(seed):
         x = raw.view(torch.float16)
@@ -78,6 +79,7 @@ def fate_inputs(seed: int) -> dict[str, torch.Tensor]:
 
 
 def drive_fp16_fate(namespace: dict[str, Any], fp16_fate: Callable) -> None:
+    """What fp16_fate returns on each input, and the random input after the calls."""
     obs, seed = observer("fp16_fate", namespace)
     inputs = fate_inputs(seed)
     for label, x in inputs.items():
@@ -125,6 +127,8 @@ def kahan_inputs(seed: int) -> dict[str, list]:
 
 
 def drive_kahan_sum(namespace: dict[str, Any], kahan_sum: Callable) -> None:
+    """The sums (some given as lists), an empty sum, the pairs, and the sums of 20 values as one
+    record."""
     obs, seed = observer("kahan_sum", namespace)
     inputs = kahan_inputs(seed)
     for dtype, _, vals, as_list in inputs["sums"]:
@@ -269,6 +273,8 @@ EDGE_POWERS = (-20, -3, 0, 5, 30)
 
 
 def drive_max_safe_scale(namespace: dict[str, Any], max_safe_scale: Callable) -> None:
+    """The random and cancelling lists, 65504 times powers of two and just above, a bfloat16 one,
+    the smallest subnormal, and the two lists that must raise."""
     obs, seed = observer("max_safe_scale", namespace)
     trials, cancelling = safe_scale_inputs(seed)
     for gs, _, _ in trials:

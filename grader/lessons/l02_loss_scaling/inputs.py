@@ -54,6 +54,8 @@ def scaler_inputs(seed: int) -> tuple[list[tuple[Any, ...]], list[dict[str, Any]
 
 
 def drive_dynamic_loss_scaler(namespace: dict[str, Any], DynamicLossScaler: type) -> None:  # noqa: N803
+    """Whether the class is written by hand, each scenario's trace (the course's
+    ``drive_scaler``, with torch's GradScaler refusing to run), the clean steps."""
     obs, seed = observer("dynamic_loss_scaler", namespace)
     obs.record(
         "hand written",

@@ -115,6 +115,7 @@ class MomentumInputs:
 
 
 def momentum_inputs(seed: int) -> MomentumInputs:
+    """bn_momentum's inputs for a seed."""
     gen = torch.Generator().manual_seed(seed)
     momenta = torch.rand(200, generator=gen, dtype=torch.float64).tolist() + [0.0, 1.0, 0.5]
     above, below = (
@@ -131,6 +132,8 @@ def momentum_inputs(seed: int) -> MomentumInputs:
 
 
 def drive_bn_momentum(namespace: dict[str, Any], pytorch_momentum: Callable) -> None:
+    """What pytorch_momentum returns or raises, and the running statistics of BatchNorm1d layers
+    built with its answers."""
     obs, seed = observer("bn_momentum", namespace)
     inputs = momentum_inputs(seed)
     for k in inputs.momenta:

@@ -129,6 +129,8 @@ def current_inputs(seed: int) -> list[tuple[Any, ...]]:
 
 
 def drive_current_scaling(namespace: dict[str, Any], quantize_current: Callable) -> None:
+    """What quantize_current returns on the random inputs (and each input after the call), a
+    bfloat16 product, a 0-d tensor, huge and tiny elements side by side, the edges."""
     obs, seed = observer("current_scaling", namespace)
     print(f"hidden tests: seed {seed}")
     qc = with_nan_overflow(quantize_current)
@@ -218,6 +220,7 @@ def mx_inputs(seed: int) -> list[tuple[torch.Tensor, int, torch.dtype]]:
 def drive_mx_block_quantize(
     namespace: dict[str, Any], mx_quantize: Callable, mx_dequantize: Callable
 ) -> None:
+    """What mx_quantize returns on every input (and the input after), and mx_dequantize on it."""
     obs, seed = observer("mx_block_quantize", namespace)
     print(f"hidden tests: seed {seed}")
     for x, block, fmt in mx_inputs(seed):

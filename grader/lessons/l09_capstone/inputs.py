@@ -74,6 +74,7 @@ def compare_inputs(seed: int) -> list[tuple[GPTConfig, tuple, tuple]]:
 
 
 def drive_transformer_flops(namespace: dict[str, Any], transformer_flops: Callable) -> None:
+    """What transformer_flops returns for each (config, tokens)."""
     obs, seed = observer("transformer_flops", namespace)
     for cfg, tokens in flops_inputs(seed):
         obs.call("flops", transformer_flops, cfg, tokens)
