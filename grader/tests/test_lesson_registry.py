@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import sys
 
 import nbformat
 import pytest
@@ -100,3 +101,31 @@ def test_the_registry_loads_where_nbgrader_grades(tmp_path):
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("lesson", list(LESSONS))
+def test_a_lessons_drivers_import_only_what_the_sandbox_mounts_and_hold_no_reference(lesson):
+    """``inputs.py`` runs in the student's kernel: it imports only torch, the standard library,
+    ``course`` and ``grader.lessons.drive`` (what the sandbox mounts), defines no reference
+    (``_ref_*``), and every driver ends with ``obs.done()``."""
+    path = LESSONS[lesson].folder / "inputs.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""]
+        else:
+            continue
+        for name in names:
+            top = name.split(".")[0]
+            allowed = top in ("__future__", "torch", "course") or name == "grader.lessons.drive"
+            assert allowed or top in sys.stdlib_module_names, (lesson, name)
+    defined = [n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    assert not [n for n in defined if n.lstrip("_").startswith("ref")], (lesson, defined)
+    drivers = [
+        n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("drive_")
+    ]
+    assert drivers, lesson
+    for driver in drivers:
+        assert ast.unparse(driver.body[-1]) == "obs.done()", (lesson, driver.name)

@@ -43,7 +43,9 @@ report["path_has_cwd"] = "" in sys.path or os.getcwd() in sys.path
 report["grader_files"] = sorted(
     os.path.relpath(os.path.join(d, f), "/opt/course")
     for d, _, fs in os.walk("/opt/course/grader") for f in fs)
-from grader.lessons.l01_number_formats.inputs import drive_fp16_bits
+import importlib
+for name in %(drivers)r:
+    importlib.import_module(name)
 print(json.dumps(report))
 """
 
@@ -58,7 +60,8 @@ def _run(code: str, limits: Limits, mode: str = "bwrap") -> dict:
 def test_student_code_sees_only_its_own_folder_and_no_network():
     need_bwrap()
     limits = Limits(cell_timeout=60, notebook_timeout=120, memory_mb=2048, fsize_mb=1)
-    answer = _run(PROBE % {"repo": str(REPO_ROOT)}, limits)
+    drivers = [rel.removesuffix(".py").replace("/", ".") for _, rel in kernel_files()]
+    answer = _run(PROBE % {"repo": str(REPO_ROOT), "drivers": drivers}, limits)
     assert answer["events"] == [], answer
     text = "".join(o.get("text", "") for o in answer["cells"][0]["outputs"])
     report = json.loads(text)
@@ -73,7 +76,7 @@ def test_student_code_sees_only_its_own_folder_and_no_network():
     assert report["nproc"] == limits.nproc
     assert max(report["pids"]) < 50  # its own PID namespace
     assert report["path_has_cwd"] is False
-    # Of the grader, only the drivers and their inputs (imported above), never a judge.
+    # Of the grader, only the drivers and their inputs (every one imported above), never a judge.
     assert report["grader_files"] == sorted(rel for _, rel in kernel_files())
     assert not any("judge" in rel or "variants" in rel for rel in report["grader_files"])
 
