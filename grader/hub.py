@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import pwd
+import random
 import re
 import secrets
 import shutil
@@ -26,6 +27,7 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -526,8 +528,27 @@ class HubOptions:
     setup_only: bool = False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
+def free_port() -> int:
+    """A loopback port nothing listens on now, drawn below the kernel's ephemeral range.
+
+    A port asked of the kernel (bind to port 0) is an ephemeral one, and any other socket bound
+    to port 0 (a Jupyter kernel's, an outgoing connection's) may take it before the server it was
+    chosen for binds it, minutes later for a hub that first builds its class environment: the
+    proxy then fails with EADDRINUSE. Ports below the range are only ever taken on purpose."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    draw = random.SystemRandom()
+    for _ in range(100):
+        port = draw.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # all taken: whatever the kernel gives
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
@@ -585,8 +606,8 @@ def setup(opts: HubOptions) -> dict:
         "bind_url": f"{scheme}://{host}:{opts.port}",
         "ssl_cert": opts.ssl_cert,
         "ssl_key": opts.ssl_key,
-        "hub_port": _free_port(),
-        "proxy_api_port": _free_port(),
+        "hub_port": free_port(),
+        "proxy_api_port": free_port(),
         "proxy": str(proxy),
         "state": str(state),
         "prefix": str(prefix),
@@ -635,6 +656,21 @@ def stop_running_hub(state: Path, timeout: float = 120.0) -> int | None:
     return pid
 
 
+def _check_port_free(url: str) -> None:
+    """Refuse to start when something listens on the hub's public port: the proxy would fail to
+    listen there (EADDRINUSE) while JupyterHub still says it runs, and nothing would answer."""
+    parts = urllib.parse.urlsplit(url)
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the proxy listens
+        try:
+            s.bind((parts.hostname, parts.port))
+        except OSError as exc:
+            raise HubError(
+                f"port {parts.port} on {parts.hostname} is in use ({exc.strerror}): stop what "
+                "listens there or give another --port"
+            ) from None
+
+
 def start(settings: dict) -> int:
     """Run JupyterHub in the foreground (Ctrl-C stops it and the students' servers)."""
     state = Path(settings["state"])
@@ -650,6 +686,7 @@ def start(settings: dict) -> int:
         str(REPO_ROOT / "hub" / "jupyterhub_config.py"),
     ]
     stop_running_hub(state)
+    _check_port_free(settings["bind_url"])
     if settings.get("removed"):
         say(f"blocked (not on the roster): {', '.join(settings['removed'])}")
     say(f"JupyterHub at {settings['bind_url']} (passwords: {settings['passwords']})")

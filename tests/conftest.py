@@ -76,13 +76,6 @@ SEED_SAMPLE = int(os.environ.get("COURSE_SEED_SAMPLE", "2"))
 BROKEN = ("NameError", "SyntaxError", "IndentationError", "ImportError", "ModuleNotFoundError")
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on now (for a server the test starts)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         pass

@@ -30,7 +30,8 @@ from pathlib import Path
 import pytest
 
 from grader import REPO_ROOT
-from tests.conftest import free_port, serving
+from grader.hub import free_port
+from tests.conftest import serving
 
 #: The lessons run live in JupyterLab: one per kind of control the course's widgets use there
 #: (an integer slider and nbgrader's Validate; toggle buttons; a log slider with a dropdown; a

@@ -42,8 +42,7 @@ import psutil
 import pytest
 
 from grader import REPO_ROOT
-from grader.hub import NODE_MIN, hub_name
-from tests.conftest import free_port
+from grader.hub import NODE_MIN, free_port, hub_name
 
 pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("hub")]
 
@@ -125,14 +124,19 @@ def _launch(cmd: list[str], log_path: Path, url: str) -> subprocess.Popen:
     while True:
         if proc.poll() is not None:
             pytest.fail(f"the hub command exited {proc.returncode}:\n{log_path.read_text()}")
+        text = log_path.read_text()
+        if "EADDRINUSE" in text:  # the proxy could not listen: the hub would never answer
+            _stop(proc)
+            pytest.fail(f"the hub's proxy could not listen on its port:\n{text[-4000:]}")
         try:
-            if "JupyterHub is now running at" in log_path.read_text():
+            if "JupyterHub is now running at" in text:
                 with urllib.request.urlopen(f"{url}/hub/health", timeout=2) as r:
                     if r.status == 200:
                         return proc
         except OSError:
             pass
         if time.monotonic() > deadline:
+            _stop(proc)
             pytest.fail(f"the hub did not answer in 600 s:\n{log_path.read_text()[-4000:]}")
         time.sleep(1)
 
@@ -714,3 +718,22 @@ def test_the_single_user_dockerfile_is_pinned_and_carries_no_solutions():
     assert f"jupyterhub=={JUPYTERHUB}" in pip
     for src in sources:
         assert (REPO_ROOT / src).exists(), src
+
+
+def test_the_hub_refuses_a_public_port_in_use_and_draws_its_ports_below_the_ephemeral_range():
+    """Something listening on ``--port`` stops the command with a sentence (the proxy would fail
+    there while JupyterHub said it ran); the ports the hub and the tests pick are never ones a
+    socket bound to port 0 (a kernel's) can take first."""
+    import socket
+
+    from grader.hub import HubError, _check_port_free
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(HubError, match=f"port {port} on 127.0.0.1 is in use"):
+            _check_port_free(f"http://127.0.0.1:{port}")
+    _check_port_free(f"http://127.0.0.1:{port}")
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert all(1024 <= free_port() < low for _ in range(20))

@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 
 from grader import REPO_ROOT
+from grader.hub import free_port
 from grader.package import build_kit
-from tests.conftest import free_port, serving
+from tests.conftest import serving
 from tests.test_browser import (
     NEWS_PROMPT,
     STUDENT_PLUGINS,

@@ -18,7 +18,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import pytest
 from grader import REPO_ROOT
 from grader.autograde import shard_of
 from grader.cli import main
+from grader.hub import free_port
 from grader.tests.conftest import make_course
 from grader.tests.corpus import CASES, LESSON, write_case
 
@@ -76,12 +76,6 @@ def _as_owner(cmd: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def postgres_url() -> Iterator[str]:
     """A database URL on a PostgreSQL server started for this module, stopped at its end."""
@@ -117,7 +111,7 @@ def postgres_url() -> Iterator[str]:
             log = (base / "server.log").read_text() if (base / "server.log").exists() else ""
             pytest.fail(f"{args[0]} failed: {proc.stdout}{proc.stderr}{log}")
 
-    port = _free_port()
+    port = free_port()
     started = False
     try:
         tool("initdb", "-D", str(data), "-U", "grader", "--auth=trust", "-E", "UTF8")
