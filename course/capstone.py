@@ -6,7 +6,6 @@ helpers here measure and draw what the lesson's GPT (:mod:`course.gpt`) does in 
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
 import weakref
@@ -18,7 +17,6 @@ from IPython.display import display
 from matplotlib.axes import Axes
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
-from torch.overrides import TorchFunctionMode
 
 from course.benchmark import (
     BASE_MODES,
@@ -141,50 +139,6 @@ def _watch_optimizer_steps(model: AutocastProbeGPT) -> None:
             )
 
     _STEP_WATCHES.append((ref, register_optimizer_step_pre_hook(before_step)))
-
-
-class _MetaValues(TorchFunctionMode):
-    """``.item()``, ``float()`` and ``.tolist()`` of a meta tensor give zeros (it holds no
-    values), and so does a copy of one to the CPU (``.cpu()``, ``.to("cpu")``)."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        on_meta = bool(args) and isinstance(args[0], torch.Tensor) and args[0].is_meta
-        if on_meta and func in (torch.Tensor.item, torch.Tensor.__float__):
-            return 0.0
-        if on_meta and func is torch.Tensor.tolist:
-            return torch.zeros(args[0].shape).tolist()
-        try:
-            return func(*args, **kwargs)
-        except NotImplementedError:
-            if not (on_meta and func in (torch.Tensor.to, torch.Tensor.cpu)):
-                raise
-            zeros = torch.zeros(args[0].shape, dtype=args[0].dtype)
-            return func(zeros, *args[1:], **kwargs)
-
-
-@contextlib.contextmanager
-def meta_stand_in(device_type: str = "cpu"):
-    """For a run on data on the ``meta`` device, a GPU's stand-in (lesson 09's tests of
-    ``train_compare``): reading a meta tensor's value gives 0.0, so the run goes on past its
-    first ``.item()``, and ``torch.autocast("meta", ...)`` (a device type taken from the data)
-    runs as autocast on ``device_type``, as autocast knows no meta device."""
-    autocast = torch.amp.autocast_mode.autocast
-    init = autocast.__init__
-
-    def patched(self, *args, **kwargs):
-        if args and args[0] == "meta":
-            args = (device_type, *args[1:])
-        if kwargs.get("device_type") == "meta":
-            kwargs["device_type"] = device_type
-        init(self, *args, **kwargs)
-
-    autocast.__init__ = patched
-    try:
-        with _MetaValues():
-            yield
-    finally:
-        autocast.__init__ = init
 
 
 def probed_gpt(config: GPTConfig, built: list) -> AutocastProbeGPT:

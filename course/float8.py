@@ -86,16 +86,6 @@ class CastsOverflowToNaN(TorchDispatchMode):
         return fixed
 
 
-def with_nan_overflow(fn: Callable) -> Callable:
-    """``fn`` wrapped to run under :class:`CastsOverflowToNaN` (lesson 08's graded calls)."""
-
-    def strict(*args: object, **kwargs: object) -> object:
-        with CastsOverflowToNaN():
-            return fn(*args, **kwargs)
-
-    return strict
-
-
 def cast_table(
     values: Sequence[float],
     dtypes: Sequence[torch.dtype] = FP8_FORMATS,

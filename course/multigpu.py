@@ -13,9 +13,7 @@ import inspect
 import re
 import time
 import types
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -114,28 +112,6 @@ def amp_tolerance(dtype: torch.dtype) -> tuple[float, float]:
     if dtype == torch.bfloat16:
         return 2e-2, 2e-3
     return 5e-3, 5e-4
-
-
-def probe_then_alone(
-    rank: int,
-    world_size: int,
-    probe: Callable[[int, int, Any], Any],
-    fn: Callable[..., Any],
-    cases: Any,
-    alone: Sequence[torch.Tensor],
-) -> tuple[Any, Any]:
-    """Inside a rank: ``probe(rank, world_size, cases)`` on the default group, then
-    ``fn(alone[rank].clone(), group=...)`` in a group of this rank alone (lesson 06).
-
-    The graders' worker for the collectives that take a ``group``: every rank creates every
-    one-rank group (``new_group`` is collective), so a function that ignores ``group`` and
-    reduces over the default group mixes in the other rank. Returns both results.
-    """
-    import torch.distributed as dist
-
-    out = probe(rank, world_size, cases)
-    groups = [dist.new_group([r]) for r in range(world_size)]
-    return out, fn(alone[rank].clone(), group=groups[rank])
 
 
 # --------------------------------------------------------------------------------------------

@@ -594,37 +594,3 @@ def without_course_runs(exercise: str, calls: list[str]) -> Iterator[None]:
         yield
     finally:
         _REFUSING.pop()
-
-
-#: The block widths the last case chooses among: those of 1 to this that split the maxima.
-SPLIT_HIDDEN_MAX = 256
-
-
-def split_hiddens(
-    n_in: int,
-    width: int,
-    n_out: int,
-    root_dtype: torch.dtype,
-    block_dtype: torch.dtype,
-    reduce_dtype: torch.dtype,
-    world_size: int,
-) -> list[int]:
-    """The block widths (``hidden``, 1 to :data:`SPLIT_HIDDEN_MAX`) for which, with
-    ``param_dtype=None`` and ``reduce_dtype``, one unit has the largest gathered copy and another
-    the largest backward peak, both strictly. Then the unit with the most parameters has one of
-    them and not the other: reading "the largest unit" as either unit, or as the one with the
-    most parameters, gets a count wrong. Lesson 07's hidden ``shard_memory`` test builds one of
-    its cases from these widths (an input, nothing of the expected answer)."""
-
-    def sizes(shapes: list[tuple[int, ...]], dtype: torch.dtype) -> tuple[int, int]:
-        full = sum(math.prod(s) for s in shapes)
-        padded = sum(-(-s[0] // world_size) * world_size * math.prod(s[1:]) for s in shapes)
-        return full * dtype.itemsize, full * dtype.itemsize + padded * reduce_dtype.itemsize
-
-    root = sizes([(width, n_in), (width,), (n_out, width), (n_out,)], root_dtype)
-    found = []
-    for hidden in range(1, SPLIT_HIDDEN_MAX + 1):
-        block = sizes([(hidden, width), (hidden,), (width, hidden), (width,)], block_dtype)
-        if (root[0] - block[0]) * (root[1] - block[1]) < 0:
-            found.append(hidden)
-    return found

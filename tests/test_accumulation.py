@@ -295,7 +295,12 @@ def test_fsdp2_accumulation_sums_in_the_reduce_dtype_or_param_dtype():
 
 
 def test_hidden_test_problems_repeat_from_their_seed():
-    from course.accumulation import FiniteLosses, draw_int, output_dtypes, random_problem
+    from grader.lessons.l05_accumulation.inputs import (
+        FiniteLosses,
+        draw_int,
+        output_dtypes,
+        random_problem,
+    )
 
     def problem(seed, per=None):
         gen = torch.Generator().manual_seed(seed)
@@ -327,7 +332,7 @@ def test_hidden_test_problems_repeat_from_their_seed():
 
 
 def test_checkpoint_runs_train_the_same_from_the_same_seeds():
-    from course.accumulation import amp_train_steps, checkpoint_run
+    from grader.lessons.l05_accumulation.inputs import amp_train_steps, checkpoint_run
 
     x, y = torch.randn(200, 8), torch.randint(0, 3, (200,))
     finals = []

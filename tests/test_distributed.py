@@ -41,10 +41,10 @@ from course.multigpu import (
     AmpDDPConfig,
     DDPExplorer,
     amp_tolerance,
-    probe_then_alone,
     state_digest,
     worker_script,
 )
+from grader.lessons.l06_multi_gpu.inputs import probe_then_alone
 
 REPO = Path(__file__).resolve().parents[1]
 #: Globals of _script_worker, as a notebook's would be: worker_script must copy them.

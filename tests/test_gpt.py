@@ -326,7 +326,8 @@ def test_meta_stand_in_runs_a_whole_training_loop_on_meta():
     """Lesson 09's run on data on the meta device: inside meta_stand_in, autocast on "meta" (a
     device type read from the data) runs as the CPU's and .item() reads 0.0, so every forward
     pass is made and noted, the held-out one included; outside it, both raise again."""
-    from course.capstone import meta_stand_in, probed_gpt
+    from course.capstone import probed_gpt
+    from grader.lessons.l09_capstone.inputs import meta_stand_in
 
     cfg = G.GPTConfig(vocab_size=256, block_size=8, n_layer=1, n_head=1, d_model=8, d_ff=16)
     tokens = torch.randint(0, 256, (2_000,), dtype=torch.uint8).to("meta")

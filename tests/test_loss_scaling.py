@@ -206,7 +206,7 @@ def test_simulated_scaler_runs_on_the_given_device():
 
 
 def test_packed_tensors_come_back_with_their_dtypes_shapes_and_nesting():
-    from course.loss_scaling import pack_tensors, unpack_tensors
+    from grader.lessons.l02_loss_scaling.inputs import pack_tensors, unpack_tensors
 
     nested = [
         [torch.randn(3, 4), torch.arange(5)],
@@ -228,13 +228,13 @@ def test_packed_tensors_come_back_with_their_dtypes_shapes_and_nesting():
 def test_driving_grad_scaler_through_a_scenario_is_deterministic():
     import random
 
-    from course.loss_scaling import drive_scaler, scaler_scenario, unpack_trace
+    from grader.lessons.l02_loss_scaling.inputs import scaler_scenario, scaler_trace, unpack_trace
 
     cfg, n_opt, events = scaler_scenario(random.Random(5), n_opt=2, growth_interval=2)
     events = events[:7]  # the sixth overflows in both optimizers
     make = lambda **kw: torch.amp.GradScaler("cpu", **kw)  # noqa: E731
     runs = [
-        unpack_trace(drive_scaler(make, make, cfg, n_opt, events, 11), events) for _ in range(2)
+        unpack_trace(scaler_trace(make, make, cfg, n_opt, events, 11), events) for _ in range(2)
     ]
     assert runs[0]["scales"] == runs[1]["scales"] and runs[0]["stepped"] == runs[1]["stepped"]
     last = zip(runs[0]["params"][-1], runs[1]["params"][-1], strict=True)

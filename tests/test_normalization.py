@@ -315,9 +315,9 @@ def test_record_norm_calls_sees_what_each_normalization_computes_on():
 
 
 def test_norm_test_models_repeat_from_their_seed_and_run():
-    from course.normalization import (
+    from course.normalization import NORM_TYPES
+    from grader.lessons.l04_batchnorm.inputs import (
         NORM_TEST_KINDS,
-        NORM_TYPES,
         Probe,
         norm_layers_in,
         norm_test_model,
@@ -364,13 +364,8 @@ def test_every_draw_of_the_hidden_test_holds_instance_norm_and_rms_norm():
     # The hidden test of half_with_fp32_norm builds its models in this order from its seed (the
     # judge's own builder, with the same draws in between): every seed must include an
     # InstanceNorm and an RMSNorm with float parameters, which the task's list leaves out.
-    from course.normalization import (
-        NORM_TEST_KINDS,
-        NORM_TYPES,
-        OTHER_NORM_TYPES,
-        norm_test_model,
-        own_tensors,
-    )
+    from course.normalization import NORM_TYPES, OTHER_NORM_TYPES
+    from grader.lessons.l04_batchnorm.inputs import NORM_TEST_KINDS, norm_test_model, own_tensors
 
     assert not any(issubclass(t, NORM_TYPES) for t in OTHER_NORM_TYPES)
     assert {nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d, nn.RMSNorm} <= set(

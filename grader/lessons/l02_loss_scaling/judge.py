@@ -2,8 +2,8 @@
 
 Each judge builds its driver's inputs with the same functions (``inputs.py``) from the seed the
 observations carry, and reads the observations in the order the driver made them. The scaler's
-scenarios are driven by :func:`course.loss_scaling.drive_scaler` on both sides: the driver with
-the student's class, the judge with ``torch.amp.GradScaler``.
+scenarios are driven by :func:`~grader.lessons.l02_loss_scaling.inputs.scaler_trace` on both
+sides: the driver with the student's class, the judge with ``torch.amp.GradScaler``.
 """
 
 from __future__ import annotations
@@ -22,14 +22,16 @@ from course.checks import (
     check_equal,
     check_tensor_equal,
 )
-from course.loss_scaling import clean_steps, drive_scaler, unpack_trace
 from grader.lessons.l02_loss_scaling.inputs import (
+    clean_steps,
     master_batches,
     master_draws,
     master_model,
     master_optimizer,
     scaled_backward,
     scaler_inputs,
+    scaler_trace,
+    unpack_trace,
 )
 from grader.observations import Observations
 
@@ -138,7 +140,7 @@ def dynamic_loss_scaler(obs: Observations) -> None:
             f"scenario {n}: {cfg}, {n_opt} optimizer(s) with 2 param groups each, some "
             f"unscale_ calls followed by clip_grad_norm_, seed {seed}"
         )
-        ref = drive_scaler(_torch_scaler, _default_torch_scaler, cfg, n_opt, events, data_seed)
+        ref = scaler_trace(_torch_scaler, _default_torch_scaler, cfg, n_opt, events, data_seed)
         ref = unpack_trace(ref, events)
         got = obs.next("trace")
         check(

@@ -15,17 +15,231 @@ from typing import Any
 import torch
 from torch import nn
 
-from course.normalization import (
-    NORM_TEST_KINDS,
-    Probe,
-    norm_layers_in,
-    norm_test_model,
-    one_thread,
-    own_tensors,
-    record_norm_calls,
-    tensor_dtypes,
-)
+from course.normalization import NORM_TYPES, one_thread, record_norm_calls
 from grader.lessons.drive import observer
+
+# -- the models half_with_fp32_norm is graded on ------------------------------------------------
+# The driver builds them from its seed beside the student's code, and the judge builds the same
+# ones again to run its reference; neither holds anything of the reference itself.
+
+
+def norm_layers_in(model: nn.Module) -> list[nn.Module]:
+    """The normalization layers of ``model`` (``NORM_TYPES`` or subclasses), in order."""
+    return [m for m in model.modules() if isinstance(m, NORM_TYPES)]
+
+
+#: The kinds of model :func:`norm_test_model` builds.
+NORM_TEST_KINDS = ("mlp", "cnn2d", "cnn3d", "seq", "nested", "norm_first", "no_norm")
+
+
+class Probe(nn.Module):
+    """Sits before and after a normalization layer and records the dtype that flows past.
+
+    Its floating point buffer is an "other" tensor that half_with_fp32_norm sends to float16;
+    its integer buffer keeps torch.long, as under ``.half()`` (lesson 04).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[torch.dtype] = []
+        self.register_buffer("mark", torch.full((2,), 0.1))
+        self.register_buffer("hits", torch.zeros(2, dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102 - see the class
+        self.seen.append(x.dtype)
+        return x
+
+
+class SubBN1d(nn.BatchNorm1d):
+    """A subclass of BatchNorm1d: still a normalization layer (lesson 04)."""
+
+
+class SubBN2d(nn.BatchNorm2d):
+    """A subclass of BatchNorm2d with a forward of its own (lesson 04)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102 - see the class
+        return super().forward(x)
+
+
+class SubBN3d(nn.BatchNorm3d):
+    """A subclass of BatchNorm3d (lesson 04)."""
+
+
+class SubLN(nn.LayerNorm):
+    """A subclass of LayerNorm (lesson 04)."""
+
+    def extra_repr(self) -> str:  # noqa: D102 - see the class
+        return "subclass, " + super().extra_repr()
+
+
+class SubGN(nn.GroupNorm):
+    """A subclass of GroupNorm (lesson 04)."""
+
+
+class Tower(nn.Module):
+    """Normalization layers nested two containers deep and one at the very end; the root module
+    holds a floating point buffer of its own (lesson 04)."""
+
+    def __init__(self, blocks: list[nn.Module], head: nn.Module) -> None:
+        super().__init__()
+        self.parts = nn.ModuleDict({"body": nn.ModuleList(blocks)})
+        self.head = head
+        self.register_buffer("spare", torch.full((3,), 0.25))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102 - see the class
+        for block in self.parts["body"]:
+            x = block(x)
+        return self.head(x)
+
+
+def _wrap(norm: nn.Module) -> list[nn.Module]:
+    return [Probe(), norm, Probe()]
+
+
+def _ri(gen: torch.Generator, lo: int, hi: int) -> int:
+    return int(torch.randint(lo, hi + 1, (), generator=gen))
+
+
+def _build(kind: str, sub: bool, gen: torch.Generator) -> tuple[nn.Module, tuple[int, ...]]:
+    bn1, bn2, bn3 = (
+        (SubBN1d, SubBN2d, SubBN3d) if sub else (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+    )
+    ln, gn = (SubLN, SubGN) if sub else (nn.LayerNorm, nn.GroupNorm)
+    b = _ri(gen, 6, 12)
+    if kind == "mlp":
+        d, h, o = _ri(gen, 3, 12), _ri(gen, 4, 24), _ri(gen, 2, 6)
+        m = nn.Sequential(
+            nn.Linear(d, h),
+            *_wrap(bn1(h)),
+            nn.ReLU(),
+            nn.Linear(h, h),
+            *_wrap(ln(h)),
+            nn.GELU(),
+            nn.RMSNorm(h),
+            nn.Linear(h, o),
+        )
+        return m, (b, d)
+    if kind == "cnn2d":
+        c, k, g = _ri(gen, 1, 4), 4 * _ri(gen, 1, 3), 2
+        s = _ri(gen, 4, 6)
+        m = nn.Sequential(
+            nn.Conv2d(c, k, 3, padding=1),
+            *_wrap(bn2(k)),
+            nn.ReLU(),
+            nn.InstanceNorm2d(k, affine=True, track_running_stats=True),
+            nn.Conv2d(k, k, 3),
+            *_wrap(gn(g, k)),
+            nn.Flatten(),
+            nn.Linear(k * (s - 2) ** 2, 3),
+        )
+        return m, (b, c, s, s)
+    if kind == "cnn3d":
+        c, k = _ri(gen, 1, 3), _ri(gen, 2, 6)
+        m = nn.Sequential(
+            nn.Conv3d(c, k, 3, padding=1),
+            *_wrap(bn3(k)),
+            nn.ReLU(),
+            nn.InstanceNorm3d(k, affine=True),
+            nn.Flatten(),
+            nn.Linear(k * 27, 4),
+        )
+        return m, (b, c, 3, 3, 3)
+    if kind == "seq":
+        c, k, length = _ri(gen, 1, 4), 4 * _ri(gen, 1, 3), _ri(gen, 5, 9)
+        m = nn.Sequential(
+            nn.Conv1d(c, k, 3),
+            *_wrap(gn(4, k)),
+            nn.ReLU(),
+            nn.InstanceNorm1d(k, affine=True, track_running_stats=True),
+            nn.Conv1d(k, k, 1),
+            *_wrap(bn1(k)),
+            nn.Flatten(),
+            nn.Linear(k * (length - 2), 2),
+            *_wrap(ln(2)),
+        )
+        return m, (b, c, length)
+    if kind == "nested":
+        d, h = _ri(gen, 3, 10), _ri(gen, 4, 16)
+        blocks = [
+            nn.Sequential(nn.Linear(d, h), *_wrap(bn1(h, affine=False)), nn.ReLU()),
+            nn.Sequential(nn.Linear(h, h), *_wrap(ln(h, elementwise_affine=False))),
+            nn.Sequential(nn.Linear(h, h), *_wrap(nn.BatchNorm1d(h, track_running_stats=False))),
+        ]
+        head = nn.Sequential(nn.Linear(h, h), *_wrap(ln(h)), nn.RMSNorm(h, eps=1e-5))
+        return Tower(blocks, head), (b, d)
+    if kind == "norm_first":
+        d = _ri(gen, 2, 10)
+        return nn.Sequential(bn1(d), Probe(), nn.Linear(d, 3)), (b, d)
+    if kind == "no_norm":
+        d, h = _ri(gen, 2, 10), _ri(gen, 4, 16)
+        return nn.Sequential(nn.Linear(d, h), Probe(), nn.Tanh(), nn.Linear(h, 2)), (b, d)
+    raise ValueError(f"no test model of kind {kind!r}")
+
+
+def _randomize(model: nn.Module, gen: torch.Generator) -> None:
+    # Non-trivial affine parameters and running statistics, some beyond float16's range.
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, NORM_TYPES):
+                if getattr(m, "weight", None) is not None:
+                    m.weight.copy_(1 + 0.3 * torch.randn(m.weight.shape, generator=gen))
+                    m.bias.copy_(0.2 * torch.randn(m.bias.shape, generator=gen))
+                if getattr(m, "running_var", None) is not None:
+                    n = m.running_var.numel()
+                    big = torch.rand(n, generator=gen) < 0.3
+                    var = torch.where(
+                        big,
+                        1e4 + 2e5 * torch.rand(n, generator=gen),
+                        0.5 + 1.5 * torch.rand(n, generator=gen),
+                    )
+                    mean = torch.where(
+                        big,
+                        300 * torch.randn(n, generator=gen),
+                        0.3 * torch.randn(n, generator=gen),
+                    )
+                    m.running_var.copy_(var)
+                    m.running_mean.copy_(mean)
+                    m.num_batches_tracked.fill_(_ri(gen, 0, 50))
+
+
+def norm_test_model(
+    kind: str, sub: bool, gen: torch.Generator
+) -> tuple[nn.Module, tuple[int, ...]]:
+    """A float32 model of ``kind`` (one of :data:`NORM_TEST_KINDS`) and its input's shape, drawn
+    from ``gen`` (lesson 04's hidden test of half_with_fp32_norm).
+
+    Sizes come from ``gen``; the weights from torch's global generator, seeded from ``gen`` inside
+    the call and restored after it. Normalization layers (their subclasses when ``sub``) get
+    random affine parameters and running statistics, about a third of them beyond float16's
+    range. Each normalization layer sits between two :class:`Probe` layers. The ``mlp``,
+    ``cnn2d``, ``cnn3d``, ``seq`` and ``nested`` models also hold an InstanceNorm or an RMSNorm
+    (:data:`OTHER_NORM_TYPES`, with float parameters), which the task does not count as
+    normalization layers: they become float16.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(torch.randint(0, 2**31, (), generator=gen)))
+        model, shape = _build(kind, sub, gen)
+    _randomize(model, gen)
+    return model, shape
+
+
+def own_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """A module's own parameters then buffers, without its children's (lesson 04)."""
+    return list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
+
+
+def tensor_dtypes(model: nn.Module) -> list[list[Any]]:
+    """``[[module name, type name, is a normalization layer, [[tensor name, dtype], ...]], ...]``
+    for every module of ``model``: its dtypes as plain data (lesson 04)."""
+    return [
+        [
+            name,
+            type(m).__name__,
+            isinstance(m, NORM_TYPES),
+            [[t, v.dtype] for t, v in own_tensors(m)],
+        ]
+        for name, m in model.named_modules()
+    ]
 
 
 @dataclass
@@ -43,7 +257,7 @@ class NormCase:
 
 
 def norm_cases(seed: int) -> list[NormCase]:
-    """Seven kinds of model (:data:`course.normalization.NORM_TEST_KINDS`), with the norm layers'
+    """Seven kinds of model (:data:`NORM_TEST_KINDS`), with the norm layers'
     subclasses, in training and eval mode."""
     gen = torch.Generator().manual_seed(seed)
     cases = []

@@ -20,15 +20,14 @@ from course.checks import (
     check_equal,
     check_tensor_equal,
 )
-from course.normalization import (
-    NORM_TYPES,
-    OTHER_NORM_TYPES,
-    NormCall,
+from course.normalization import NORM_TYPES, OTHER_NORM_TYPES, NormCall, one_thread
+from grader.lessons.l04_batchnorm.inputs import (
+    NormCase,
+    momentum_inputs,
+    norm_cases,
     norm_layers_in,
-    one_thread,
     own_tensors,
 )
-from grader.lessons.l04_batchnorm.inputs import NormCase, momentum_inputs, norm_cases
 from grader.observations import Observations, Raised
 
 
@@ -53,7 +52,7 @@ _OTHER_NORM_NAMES = frozenset(t.__name__ for t in OTHER_NORM_TYPES)
 
 
 def _check_dtypes(table: Any, what: str) -> None:
-    """The dtypes the driver recorded (``course.normalization.tensor_dtypes``) against the
+    """The dtypes the driver recorded (``inputs.tensor_dtypes``) against the
     contract: float32 inside normalization layers, float16 elsewhere, integers kept."""
     check(isinstance(table, list), f"internal: {what}: the model's dtypes are missing")
     for mname, type_name, norm, tensors in table:

@@ -11,7 +11,7 @@ import contextlib
 import os
 import pathlib
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,22 +19,74 @@ import torch
 from torch import nn
 
 from course.accumulation import (
-    FiniteLosses,
     MicroBatches,
     RecordingSGD,
     SimulatedCudaGenerators,
-    amp_train_steps,
-    checkpoint_run,
-    draw_int,
+    dropout_mlp,
     full_batch_grads,
-    output_dtypes,
-    random_problem,
     simulated_cuda_states,
+    split_batch,
 )
 from grader.lessons.drive import observer
 
+def draw_int(gen: torch.Generator, lo: int, hi: int) -> int:
+    """A random integer in ``[lo, hi]`` (both included) from ``gen``."""
+    return int(torch.randint(lo, hi + 1, (), generator=gen))
+
+
 #: The loss every hidden test trains with (the lesson's ``loss_fn``).
 loss_fn = nn.functional.cross_entropy
+
+
+def random_problem(
+    gen: torch.Generator, count: int, per: int | None = None
+) -> tuple[nn.Sequential, MicroBatches]:
+    """A random two-layer classifier and ``count`` micro-batches of ``per`` examples for it
+    (``per`` drawn from 3 to 8 when None), all from ``gen`` (lesson 05's hidden tests).
+
+    The weights come from torch's global generator, seeded from ``gen``.
+    """
+    d, h, c = draw_int(gen, 6, 20), draw_int(gen, 12, 40), draw_int(gen, 3, 6)
+    per = per or draw_int(gen, 3, 8)
+    torch.manual_seed(draw_int(gen, 0, 2**30))
+    net = nn.Sequential(nn.Linear(d, h), nn.ReLU(), nn.Linear(h, c))
+    xs = torch.randn(count * per, d, generator=gen)
+    ys = torch.randint(0, c, (count * per,), generator=gen)
+    return net, split_batch(xs, ys, count)
+
+
+class output_dtypes(contextlib.AbstractContextManager):  # noqa: N801 - used as a function
+    """``with output_dtypes(module) as seen:`` collects the dtype of each output ``module``
+    gives inside the block (lesson 05: under autocast, a Linear's output is float16)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.seen: list[torch.dtype] = []
+        self.handle = None
+
+    def __enter__(self) -> list[torch.dtype]:
+        self.handle = self.module.register_forward_hook(self._note)
+        return self.seen
+
+    def _note(self, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        self.seen.append(output.dtype)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.handle.remove()
+
+
+class FiniteLosses:
+    """A loss function that notes, in ``finite``, whether each loss it returned was finite
+    (lesson 05: a scale can overflow the backward pass while every loss is finite)."""
+
+    def __init__(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        self.loss_fn = loss_fn
+        self.finite: list[bool] = []
+
+    def __call__(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = self.loss_fn(logits, target)
+        self.finite.append(bool(torch.isfinite(loss)))
+        return loss
 
 
 @dataclass
@@ -195,6 +247,55 @@ def drive_accumulated_step(
             step(p, opt, scaler)
         obs.record("parameters", [q.detach() for q in p.net.parameters()])
     obs.done()
+
+
+def checkpoint_run(
+    seed: int,
+    kind: str,
+    dtype: torch.dtype,
+    init_scale: float,
+    growth_interval: int,
+    sizes: Sequence[int],
+) -> tuple[nn.Sequential, torch.optim.Optimizer, torch.amp.GradScaler]:
+    """A fresh training run on the CPU: a dropout MLP of ``sizes`` seeded with ``seed``, AdamW
+    (``kind="adamw"``) or SGD with momentum, and a GradScaler enabled for float16 only
+    (lesson 05's hidden test of the checkpoint functions)."""
+    torch.manual_seed(seed)
+    net = dropout_mlp(sizes, p=0.3)
+    if kind == "adamw":
+        opt: torch.optim.Optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3)
+    else:
+        opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.amp.GradScaler(
+        "cpu",
+        init_scale=init_scale,
+        growth_interval=growth_interval,
+        enabled=dtype == torch.float16,
+    )
+    return net, opt, scaler
+
+
+def amp_train_steps(
+    net: nn.Module,
+    opt: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    steps: int,
+    dtype: torch.dtype,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> None:
+    """``steps`` ordinary mixed precision steps on the CPU, each on 16 examples of ``(x, y)``
+    drawn with torch's global generator (lesson 05: what a checkpoint must resume exactly)."""
+    net.train()
+    for _ in range(steps):
+        idx = torch.randint(0, len(x), (16,))
+        with torch.amp.autocast("cpu", dtype=dtype):
+            loss = loss_fn(net(x[idx]), y[idx])
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from course.accumulation import amp_train_steps, relative_difference, simulated_cuda_states
+from course.accumulation import relative_difference, simulated_cuda_states
 from course.checks import check, check_close, check_equal, check_tensor_equal
 from grader.lessons.l05_accumulation.inputs import (
     Problem,
     accumulation_problems,
+    amp_train_steps,
     checkpoint_problems,
     clean,
     loss_fn,

@@ -9,14 +9,14 @@ reference in the grader's process. See :mod:`grader.lessons.drive`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 import torch
 
 from course.launch import launch
-from course.multigpu import AmpDDPConfig, probe_then_alone
+from course.multigpu import AmpDDPConfig
 from grader.lessons.drive import observer
 
 #: The settings the visible tests leave at their defaults, with the options the driver draws.
@@ -230,6 +230,28 @@ def bn_cases(seed: int) -> tuple[list[list[torch.Tensor]], list[str], list[torch
         for r in range(2)
     ]
     return cases, names, alone
+
+
+def probe_then_alone(
+    rank: int,
+    world_size: int,
+    probe: Callable[[int, int, Any], Any],
+    fn: Callable[..., Any],
+    cases: Any,
+    alone: Sequence[torch.Tensor],
+) -> tuple[Any, Any]:
+    """Inside a rank: ``probe(rank, world_size, cases)`` on the default group, then
+    ``fn(alone[rank].clone(), group=...)`` in a group of this rank alone (lesson 06).
+
+    The graders' worker for the collectives that take a ``group``: every rank creates every
+    one-rank group (``new_group`` is collective), so a function that ignores ``group`` and
+    reduces over the default group mixes in the other rank. Returns both results.
+    """
+    import torch.distributed as dist
+
+    out = probe(rank, world_size, cases)
+    groups = [dist.new_group([r]) for r in range(world_size)]
+    return out, fn(alone[rank].clone(), group=groups[rank])
 
 
 def drive_ddp_amp_worker(namespace: dict[str, Any], probe: Callable) -> None:

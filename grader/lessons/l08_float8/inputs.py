@@ -3,8 +3,8 @@ student's quantizers.
 
 The judges (``judge.py``) build the same inputs with the same functions and read the drivers'
 observations in the order the drivers made them. Every quantizer is graded under casts that give
-NaN beyond the range (as some devices' do: :func:`course.float8.with_nan_overflow`), so only the
-clamp saturates. See :mod:`grader.lessons.drive`.
+NaN beyond the range (as some devices' do: :func:`with_nan_overflow`), so only the clamp
+saturates. See :mod:`grader.lessons.drive`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,18 @@ from typing import Any
 
 import torch
 
-from course.float8 import FP8_FORMATS, fp8_max, with_nan_overflow
+from course.float8 import FP8_FORMATS, CastsOverflowToNaN, fp8_max
 from grader.lessons.drive import observer
+
+
+def with_nan_overflow(fn: Callable) -> Callable:
+    """``fn`` wrapped to run under :class:`CastsOverflowToNaN` (lesson 08's graded calls)."""
+
+    def strict(*args: object, **kwargs: object) -> object:
+        with CastsOverflowToNaN():
+            return fn(*args, **kwargs)
+
+    return strict
 
 
 def current_cases(
