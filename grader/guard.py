@@ -14,13 +14,13 @@ cannot stop, and why: ``docs/grader-design.md``.
 
 from __future__ import annotations
 
-from grader.observe import MIME, OBSERVER
+from grader.observe import MIME
 
 #: The grader's code in the kernel. :func:`prelude` runs it with globals of its own, whose
 #: builtins are a copy taken before any student code: names the notebook defines or builtins it
 #: replaces later never reach it. Module functions it calls are bound here for the same reason.
 INSTALL = r"""
-def _grader_install(token, checks_path, use_fork, observer_source, observations_mime):
+def _grader_install(token, checks_path, use_fork, observer_path, observations_mime):
     import _signal, ast, builtins, ctypes, gc, importlib, io, linecache, marshal, math, os, sys
     import threading, time, traceback, types, warnings
     import numpy, numpy.testing, torch, torch.testing
@@ -73,9 +73,11 @@ def _grader_install(token, checks_path, use_fork, observer_source, observations_
 
     with open(checks_path, "rb") as fh:
         checks_code = compile(fh.read(), checks_path, "exec", dont_inherit=True)
-    # The drivers' observer (grader/observe.py), compiled now with the grader's own builtins.
-    observer_ns = {"__builtins__": globals()["__builtins__"]}
-    exec(compile(observer_source, "<grader observer>", "exec", dont_inherit=True), observer_ns)
+    # The drivers' observer (grader/lessons/observer.py), compiled now with the grader's own
+    # builtins, before any student code runs.
+    observer_ns = {"__builtins__": globals()["__builtins__"], "__name__": "_grader_observer"}
+    with open(observer_path, "rb") as fh:
+        exec(compile(fh.read(), observer_path, "exec", dont_inherit=True), observer_ns)
     new_observer = observer_ns["new_observer"]
 
     def load_checks():
@@ -533,12 +535,13 @@ TEST_CALL = (
 VERDICT = 'getattr(__import__("sys"), "_grader_" + __TOKEN__).verdict(__NONCE__)'
 
 
-def prelude(token: str, checks_path: str, fork: bool = True) -> str:
-    """The prelude's source for this run (``fork=False``: tests run in the kernel itself, as
-    where CUDA is initialised; for the tests of that path)."""
+def prelude(token: str, checks_path: str, observer_path: str, fork: bool = True) -> str:
+    """The prelude's source for this run: ``checks_path`` and ``observer_path`` are where the
+    kernel reads ``course/checks.py`` and ``grader/lessons/observer.py`` (``fork=False``: tests
+    run in the kernel itself, as where CUDA is initialised; for the tests of that path)."""
     install = INSTALL.replace("__TOKEN__", repr(token)).replace("__CHECKS__", repr(checks_path))
     install = install.replace("__FORK__", repr(bool(fork)))
-    install = install.replace("__OBSERVER__", repr(OBSERVER)).replace("__MIME__", repr(MIME))
+    install = install.replace("__OBSERVER__", repr(observer_path)).replace("__MIME__", repr(MIME))
     return PRELUDE.replace("__INSTALL__", repr(install))
 
 

@@ -26,7 +26,7 @@ import time
 DEVNULL = os.open(os.devnull, os.O_RDWR)
 
 #: The display output that carries a converted hidden test's observations (``grader.observe.MIME``)
-#: and the most it may hold (``grader.observe.OBSERVER`` stops a driver before this).
+#: and the most it may hold (``grader/lessons/observer.py`` stops a driver before this).
 OBSERVATIONS = "application/x-grader-observations"
 OBSERVATIONS_LIMIT = 24 * 1024 * 1024
 

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from grader import guard
-from grader.lessons import kernel_files
+from grader.lessons import OBSERVER_FILE, kernel_files
 from grader.settings import UID_BASE_ENV, GraderSettings, default
 
 RUNNER = Path(__file__).with_name("runner.py")
@@ -329,10 +329,13 @@ def execute(
     token = secrets.token_hex(8)
     course = Path(settings.course_dir) if settings.course_dir else _course_dir()
     checks = SANDBOX_COURSE if settings.mode == "bwrap" else str(course.resolve())
+    observer = OBSERVER_FILE
+    if settings.mode == "bwrap":  # where bwrap_command mounts it
+        observer = Path(SANDBOX_COURSE).parent / dict(kernel_files())[OBSERVER_FILE]
     request = {
         "nb": nb,
         "graded": graded,
-        "prelude": guard.prelude(token, f"{checks}/checks.py", fork=settings.fork),
+        "prelude": guard.prelude(token, f"{checks}/checks.py", str(observer), fork=settings.fork),
         "test_call": guard.test_call(token),
         "verdict": guard.verdict_expression(token),
         "cell_timeout": limits.cell_timeout,

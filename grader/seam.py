@@ -11,9 +11,9 @@ zero). Afterwards the notebook's own solution cell is run again, so the next
 exercise sees the reference definitions. The test suite and ``python -m grader.audit`` use it.
 
 Graded test cells run as in the sandbox: with globals of their own, a copy of the notebook's
-namespace (:data:`HARNESS`), so names a test binds never replace the notebook's. A converted
-hidden test's observations are judged here, in the suite's process (:mod:`grader.judge`), before
-the cell is scored.
+namespace (:mod:`grader.seam_kernel`), so names a test binds never replace the notebook's. A
+converted hidden test's observations are judged here, in the suite's process
+(:mod:`grader.judge`), before the cell is scored.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from nbgrader.utils import determine_grade
 from course.selfcheck import notebook_client, warnings_are_not_failures
 from grader.judge import judge_cell
 from grader.keys import seed_for
-from grader.observe import MIME, OBSERVER
 
 
 class SeamError(RuntimeError):
@@ -139,52 +138,10 @@ def bound_names(source: str) -> list[str]:
     return sorted(names - {"*"})
 
 
-#: Sent to the kernel once (with :data:`grader.observe.OBSERVER` and its mime type): graded test
-#: cells run through ``_seam_harness.test``, with globals of their own (a copy of the notebook's
-#: namespace) holding the drivers' ``__grader_driver__``, as in the sandbox (``grader/guard.py``);
-#: the observations are published after the test, for :func:`grader.judge.judge_cell`.
-HARNESS = r"""
-def _seam_install(observer_source, mime):
-    import ast, linecache, sys, types
-    import torch
-    from IPython import get_ipython
-    from IPython.display import publish_display_data
-
-    shell = get_ipython()
-    observer_ns = {}
-    exec(compile(observer_source, "<grader observer>", "exec"), observer_ns)
-    new_observer = observer_ns["new_observer"]
-
-    def test(source, label):
-        linecache.cache[label] = (len(source), None, source.splitlines(True), label)
-        tree = compile(source, label, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
-        last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
-        observers = []
-
-        def driver(exercise, seed):
-            observers.append(new_observer(exercise, seed, torch))
-            return observers[-1]
-
-        test_ns = dict(shell.user_ns)
-        test_ns["__grader_driver__"] = driver
-        exec(compile(tree, label, "exec"), test_ns)
-        value = eval(compile(last, label, "eval"), test_ns) if last is not None else None
-        for observer in observers:
-            publish_display_data({mime: observer.bundle()}, {})
-        return value
-
-    sys.modules["_seam_harness"] = types.SimpleNamespace(test=test)
-
-
-_seam_install(__OBSERVER__, __MIME__)
-"""
-
-
 def test_call(source: str, label: str) -> str:
-    """The source that runs a graded test cell's ``source`` through the seam's harness."""
-    return f"__import__('_seam_harness').test({source!r}, {label!r})\n"
+    """The source that runs a graded test cell's ``source`` through the seam's harness
+    (:func:`grader.seam_kernel.test`)."""
+    return f"__import__('grader.seam_kernel').seam_kernel.test({source!r}, {label!r})\n"
 
 
 def is_test_cell(cell: NotebookNode) -> bool:
@@ -234,8 +191,7 @@ class LessonKernel:
         extra = {} if self._env is None else {"env": self._env}
         self._stack.enter_context(self._client.setup_kernel(**extra))
         try:
-            harness = HARNESS.replace("__OBSERVER__", repr(OBSERVER))
-            self.run_code(f"exec({harness.replace('__MIME__', repr(MIME))!r}, {{}})")
+            self.run_code("import grader.seam_kernel")
             for index, cell in enumerate(self.executed.cells):
                 if not is_test_cell(cell):
                     self._client.execute_cell(cell, index)

@@ -52,11 +52,16 @@ class Lesson:
         return importlib.import_module(f"{self.grading}.variants")
 
 
+#: The observer's source, compiled in the kernel by the grader's harness (see the module).
+OBSERVER_FILE = Path(__file__).resolve().parent / "observer.py"
+
+
 def kernel_files() -> list[tuple[Path, str]]:
-    """The grading files a kernel imports (the drivers and their inputs, never a judge), with
-    their paths relative to an import root: what the sandbox mounts beside ``course``."""
-    here = Path(__file__).resolve().parent
-    files = [here / "drive.py", *sorted(here.glob("l[0-9][0-9]_*/inputs.py"))]
+    """The grading files a kernel reads (the observer, the drivers and their inputs, never a
+    judge), with their paths relative to an import root: what the sandbox mounts beside
+    ``course``."""
+    here = OBSERVER_FILE.parent
+    files = [here / "drive.py", OBSERVER_FILE, *sorted(here.glob("l[0-9][0-9]_*/inputs.py"))]
     return [(f, f.relative_to(here.parents[1]).as_posix()) for f in files]
 
 
