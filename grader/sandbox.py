@@ -115,6 +115,8 @@ def course_dir(root: Path) -> Path:
 
 #: Where the sandbox shows the ``course`` package (its parent is the kernel's ``PYTHONPATH``).
 SANDBOX_COURSE = "/opt/course/course"
+#: Where the sandbox shows the grader's guard for the kernel (``grader/kernel_guard.py``).
+SANDBOX_GUARD = "/opt/grader/kernel_guard.py"
 
 
 def real_interpreter() -> str:
@@ -270,6 +272,9 @@ def bwrap_command(settings: Settings, python: str | None = None) -> list[str]:
         "--ro-bind",
         str(RUNNER),
         "/opt/grader/runner.py",
+        "--ro-bind",
+        str(guard.KERNEL_GUARD),
+        SANDBOX_GUARD,
     ]
     if settings.lesson_files:
         cmd += ["--ro-bind", settings.lesson_files, "/opt/lesson"]
@@ -329,13 +334,15 @@ def execute(
     token = secrets.token_hex(8)
     course = Path(settings.course_dir) if settings.course_dir else _course_dir()
     checks = SANDBOX_COURSE if settings.mode == "bwrap" else str(course.resolve())
-    observer = OBSERVER_FILE
-    if settings.mode == "bwrap":  # where bwrap_command mounts it
-        observer = Path(SANDBOX_COURSE).parent / dict(kernel_files())[OBSERVER_FILE]
+    observer, kernel_guard = str(OBSERVER_FILE), str(guard.KERNEL_GUARD)
+    if settings.mode == "bwrap":  # where bwrap_command mounts them
+        observer = str(Path(SANDBOX_COURSE).parent / dict(kernel_files())[OBSERVER_FILE])
+        kernel_guard = SANDBOX_GUARD
+    prelude = guard.prelude(token, f"{checks}/checks.py", observer, kernel_guard, settings.fork)
     request = {
         "nb": nb,
         "graded": graded,
-        "prelude": guard.prelude(token, f"{checks}/checks.py", str(observer), fork=settings.fork),
+        "prelude": prelude,
         "test_call": guard.test_call(token),
         "verdict": guard.verdict_expression(token),
         "cell_timeout": limits.cell_timeout,

@@ -818,9 +818,9 @@ def _mine(code):
     return _os.path.dirname(code.co_filename) == _MY_FOLDER
 
 
-#: The harness's observer, compiled from its file in the kernel: the harness's code, not a place
-#: a reference could be.
-_OBSERVER_FILE = "/grader/lessons/observer.py"
+#: The harness's files, compiled in the kernel (its guard and the drivers' observer): the harness's
+#: code, not a place a reference could be.
+_HARNESS_FILES = ("/grader/lessons/observer.py", "/grader/kernel_guard.py")
 
 
 def _origin(fn):
@@ -838,7 +838,7 @@ def _origin(fn):
         return "mine"
     if name.startswith("<test cell"):
         return "test cell"
-    if name.startswith("<grader") or name.endswith(_OBSERVER_FILE):
+    if name.startswith("<grader") or name.endswith(_HARNESS_FILES):
         return "harness"
     if module.startswith("grader") or any(
         part in name for part in ("/grader/", "judge", "solutions")
@@ -850,7 +850,7 @@ def _origin(fn):
 def _suspect_file(name):
     """A file a hidden test's reference could come from (a quick look before :func:`_origin`):
     a test cell, the grader's files, judges or solutions; not the harness's own code."""
-    if name.startswith("<grader") or name.endswith(_OBSERVER_FILE):
+    if name.startswith("<grader") or name.endswith(_HARNESS_FILES):
         return False
     return name.startswith("<test cell") or any(p in name for p in ("grader", "judge", "solution"))
 

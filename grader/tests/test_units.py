@@ -113,3 +113,45 @@ def test_benchmark_counts_every_sign_of_a_stall(tmp_path):
         json.dumps({"events": ["cell 5: its execute_reply never came (...)", "cell 6: x"]})
     )
     assert lost_replies(results) == ["s004: cell 5: its execute_reply never came (...)"]
+
+
+#: Long strings of Python the grader keeps on purpose: files it writes, never code for a kernel.
+WRITTEN_FILES = {("package.py", "LAB_PY")}
+
+
+def test_no_code_over_20_lines_is_kept_as_a_string():
+    """Code the grader runs in a kernel lives in modules (linted, type-checked, covered) and is
+    compiled there from its file; what is sent as a string is a call of a few lines."""
+    import ast
+
+    found = []
+    for path in sorted((REPO_ROOT / "grader").rglob("*.py")):
+        if "tests" in path.parts or path.name == "variants.py":  # students' answers, as written
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+        }
+        names = {
+            id(node.value): target.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
+                continue
+            if id(node) in docstrings or node.value.count("\n") < 20:
+                continue
+            try:
+                code = ast.parse(node.value)
+            except SyntaxError:
+                continue  # text, not Python
+            if (path.name, names.get(id(node))) not in WRITTEN_FILES and code.body:
+                found.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}")
+    assert not found, f"Python code kept as a string (make it a module): {found}"
