@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from grader.lessons.drive import observer
 
@@ -333,6 +334,24 @@ def without_grad_scaler() -> Iterator[None]:
             setattr(torch, name, fn)
 
 
+class GradScalerOps(TorchDispatchMode):
+    """Notes every op of :data:`_SCALER_OPS` dispatched inside the block, however it was
+    reached: a class that took GradScaler's methods or ops before :func:`without_grad_scaler`
+    replaced them still runs them through the dispatcher."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
+        name = func.overloadpacket.__name__
+        if name in _SCALER_OPS:
+            self.seen.add(name)
+        return func(*args, **(kwargs or {}))
+
+
 #: The first five scenarios' fixed settings (the other five are drawn whole).
 FIXED = [
     dict(growth_interval=1, growth_factor=2.0, backoff_factor=0.5, init_scale=2.0**16),
@@ -363,7 +382,8 @@ def scaler_inputs(seed: int) -> tuple[list[tuple[Any, ...]], list[dict[str, Any]
 
 def drive_dynamic_loss_scaler(namespace: dict[str, Any], DynamicLossScaler: type) -> None:  # noqa: N803
     """Whether the class is written by hand, each scenario's trace (``scaler_trace``,
-    with torch's GradScaler refusing to run), the clean steps."""
+    with torch's GradScaler refusing to run), the clean steps, and which of GradScaler's ops ran
+    while the student's scaler did."""
     obs, seed = observer("dynamic_loss_scaler", namespace)
     obs.record(
         "hand written",
@@ -371,15 +391,18 @@ def drive_dynamic_loss_scaler(namespace: dict[str, Any], DynamicLossScaler: type
         and not issubclass(DynamicLossScaler, torch.amp.GradScaler),
     )
     scenarios, clean = scaler_inputs(seed)
+    ops = GradScalerOps()
     for cfg, n_opt, events, data_seed in scenarios:
         # torch's GradScaler (and its ops) raise while the student's scaler runs.
-        with without_grad_scaler():
+        with without_grad_scaler(), ops:
             trace = scaler_trace(
                 DynamicLossScaler, DynamicLossScaler, cfg, n_opt, events, data_seed
             )
         obs.record("trace", trace)
     for cfg in clean:
-        obs.record("clean steps", clean_steps(DynamicLossScaler, cfg))
+        with ops:
+            obs.record("clean steps", clean_steps(DynamicLossScaler, cfg))
+    obs.record("GradScaler's ops", sorted(ops.seen))
     obs.done()
 
 

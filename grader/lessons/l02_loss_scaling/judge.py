@@ -174,6 +174,12 @@ def dynamic_loss_scaler(obs: Observations) -> None:
                 "that would be inf in float32 is not taken, and the tracker restarts anyway",
             )
             check_equal(gsd, rsd, f"state_dict() ({where})")
+    ran = obs.next("GradScaler's ops")
+    check(
+        ran == [],
+        f"DynamicLossScaler must be written without torch's GradScaler: it ran {ran} (the ops "
+        "GradScaler updates its scale and unscales gradients with)",
+    )
 
 
 def _ref_master(model: nn.Module) -> list[nn.Parameter]:

@@ -301,6 +301,64 @@ VARIANTS = {
         """        return {"scale": float(self._scale),""",
     ),
     # Wrong: the master gradients are not divided by the loss scale.
+    # Wrong: not written by hand. torch's GradScaler, its methods and ops taken before the test
+    # replaces them, put back around each call (the driver notes the ops GradScaler runs).
+    "grad_scaler_taken_before_the_test": (
+        "dynamic_loss_scaler",
+        """
+import torch
+
+_GS = torch.amp.GradScaler
+_METHODS = {n: getattr(_GS, n) for n in ("__init__", "scale", "unscale_", "step", "update",
+            "get_scale", "state_dict", "load_state_dict", "_unscale_grads_")}
+_OPS = {n: getattr(torch, n) for n in ("_amp_update_scale_",
+                                       "_amp_foreach_non_finite_check_and_unscale_")}
+
+
+class DynamicLossScaler:
+    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
+                 growth_interval=2000):
+        self._g = object.__new__(_GS)
+        self._call("__init__", "cpu", init_scale=init_scale, growth_factor=growth_factor,
+                   backoff_factor=backoff_factor, growth_interval=growth_interval)
+
+    def _call(self, name, *args, **kwargs):
+        saved = {n: getattr(_GS, n) for n in _METHODS}
+        saved_ops = {n: getattr(torch, n) for n in _OPS}
+        try:
+            for n, f in _METHODS.items():
+                setattr(_GS, n, f)
+            for n, f in _OPS.items():
+                setattr(torch, n, f)
+            return _METHODS[name](self._g, *args, **kwargs)
+        finally:
+            for n, f in saved.items():
+                setattr(_GS, n, f)
+            for n, f in saved_ops.items():
+                setattr(torch, n, f)
+
+    def scale(self, loss):
+        return self._call("scale", loss)
+
+    def unscale_(self, optimizer):
+        return self._call("unscale_", optimizer)
+
+    def step(self, optimizer, *args, **kwargs):
+        return self._call("step", optimizer, *args, **kwargs)
+
+    def update(self, new_scale=None):
+        return self._call("update", new_scale)
+
+    def get_scale(self):
+        return self._call("get_scale")
+
+    def state_dict(self):
+        return self._call("state_dict")
+
+    def load_state_dict(self, state_dict):
+        return self._call("load_state_dict", state_dict)
+""",
+    ),
     "master_not_unscaled": _master(
         "m.grad = p.grad.detach().float() / scale",
         "m.grad = p.grad.detach().float()",
