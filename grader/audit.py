@@ -25,7 +25,7 @@ from pathlib import Path
 
 from grader import REPO_ROOT
 from grader.keys import seed_for
-from grader.lessons import LESSONS
+from grader.lessons import lesson as find_lesson
 from grader.seam import LessonKernel, SeamError
 
 SOLUTION = "solution"
@@ -89,9 +89,8 @@ class ExerciseAudit:
 def declared_variants(lesson: str, kind: str) -> dict[str, tuple[str, str]]:
     """``{name: (grade_id, source)}``: the variants ``kind`` (``VARIANTS``: wrong, ``VALID``:
     valid) of the lesson's grading package, as written there ({} for a lesson without one)."""
-    if lesson not in LESSONS:
-        return {}
-    return dict(getattr(LESSONS[lesson].variants(), kind, {}))
+    entry = find_lesson(lesson)
+    return dict(getattr(entry.variants(), kind, {})) if entry else {}
 
 
 def valid_variants(lesson: str, root: Path = REPO_ROOT) -> dict[str, tuple[str, str]]:
@@ -387,8 +386,8 @@ def checkout_state(root: Path, lesson: str) -> tuple[str | None, list[str]]:
     commit."""
     commit = _git(root, "log", "-1", "--format=%h").strip() or None
     paths = [f"solutions/{lesson}"]
-    if lesson in LESSONS:
-        paths.append(str(LESSONS[lesson].folder.relative_to(REPO_ROOT)))
+    if entry := find_lesson(lesson):
+        paths.append(str(entry.folder.relative_to(REPO_ROOT)))
     changed = _git(root, "status", "--short", "--", *paths).splitlines()
     return commit, [line[3:] for line in changed]
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import grader.lessons
 from grader.lessons import LESSONS
+from grader.lessons import lesson as find_lesson
 from grader.observations import MIME, ObservationError, Observations, decode
 
 if TYPE_CHECKING:  # nbformat is the grader's; a plain Python process (the GPU check) lacks it
@@ -48,7 +49,7 @@ def judges(lesson: str | None = None) -> dict[str, Judge]:
     if lesson is None:
         chosen = list(LESSONS.values())
     else:
-        chosen = [LESSONS[lesson]] if lesson in LESSONS else []
+        chosen = [entry] if (entry := find_lesson(lesson)) else []
     for entry in chosen:
         for grade_id, (exercise, fn) in entry.judge().JUDGES.items():
             if grade_id in found:

@@ -62,7 +62,13 @@ def kernel_files() -> list[tuple[Path, str]]:
     ``course``."""
     here = OBSERVER_FILE.parent
     files = [here / "drive.py", OBSERVER_FILE, *sorted(here.glob("l[0-9][0-9]_*/inputs.py"))]
-    return [(f, f.relative_to(here.parents[1]).as_posix()) for f in files]
+    files += [entry.folder / "inputs.py" for entry in TEST_LESSONS.values()]
+    return [(f, f.relative_to(REPO_ROOT).as_posix()) for f in files]
+
+
+def lesson(lesson_id: str) -> Lesson | None:
+    """The lesson ``lesson_id``, one of the course's or of the grader's tests (None: neither)."""
+    return LESSONS.get(lesson_id) or TEST_LESSONS.get(lesson_id)
 
 
 #: The course's lessons, in order.
@@ -127,3 +133,9 @@ LESSONS: dict[str, Lesson] = {
 }
 #: The ``course`` modules every lesson uses (no lesson introduces them).
 SHARED = ("course", "course.device", "course.checks", "course.selfcheck")
+
+#: The lessons the grader's own tests grade (``grader/tests/fixtures``): found by :func:`lesson`
+#: like the course's, graded the same way, never listed with them.
+TEST_LESSONS: dict[str, Lesson] = {
+    "90-fixture": Lesson("90-fixture", "grader.tests.fixtures.l90_fixture", (), ()),
+}

@@ -20,7 +20,7 @@ from grader.audit import (
     wrong_variants,
 )
 from grader.keys import seed_for
-from grader.lessons import LESSONS, Lesson
+from grader.lessons import LESSONS
 from grader.seam import ExerciseRun
 from grader.tests.conftest import FIXTURES
 
@@ -145,14 +145,10 @@ def test_a_wrong_run_with_any_point_counts_as_scored():
     assert "wrong 4/8 scored (half_right on seeds" in summary_line(audit)
 
 
-def test_a_wrong_variant_scoring_on_some_seeds_is_reported_with_those_seeds(
-    tmp_path, capsys, monkeypatch
-):
+def test_a_wrong_variant_scoring_on_some_seeds_is_reported_with_those_seeds(tmp_path, capsys):
     """The fixture's ``double_right_on_even_seeds`` earns the point on even seeds only: the audit
     names exactly those seeds (with the key and student that replay each), the always-wrong
     variant none, and exits 1; the replay of one of them says it is unfair."""
-    fixture = Lesson("90-fixture", "grader.tests.fixtures.l90_fixture", (), ())
-    monkeypatch.setitem(LESSONS, fixture.id, fixture)
     wrong, valid = wrong_variants("90-fixture"), valid_variants("90-fixture", FIXTURES)
     assert set(wrong) == {"double_right_on_even_seeds", "double_times_three"}
     noisy = {f"{e}__{n}" for e in ("double", "halve", "triple") for n in ("warns", "logs")}

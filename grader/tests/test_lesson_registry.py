@@ -79,7 +79,11 @@ def test_every_course_module_belongs_to_one_lesson_or_to_all():
 def test_judges_are_found_by_lesson():
     ids = set(judges("04-batchnorm"))
     assert ids == set(LESSONS["04-batchnorm"].judge().JUDGES)
-    assert ids < set(judges()) and judges("90-fixture") == {}
+    assert ids < set(judges()) and judges("99-none") == {}
+    fixture = set(judges("90-fixture"))  # a lesson of the grader's tests, not among every lesson's
+    assert fixture == {"double_tests", "halve_tests", "triple_tests"} and not fixture & set(
+        judges()
+    )
 
 
 def test_the_registry_loads_where_nbgrader_grades(tmp_path):
