@@ -28,6 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty
@@ -121,9 +122,12 @@ def _local_kernel_manager() -> type:
     return LocalKernelManager
 
 
-def poll_in_slices(channel: Any, every: float = 1.0) -> None:
+def poll_in_slices(
+    channel: Any, every: float = 1.0, idle: Callable[[], dict | None] | None = None
+) -> None:
     """Make an async jupyter_client channel's ``get_msg`` wait in polls of at most ``every``
-    seconds, so a message that has arrived is never left waiting.
+    seconds, so a message that has arrived is never left waiting. ``idle()``, called after each
+    empty poll, may return a message to give instead (the grader's recovery of a lost reply).
 
     A zmq socket wakes its reader through an edge-triggered file descriptor, and pyzmq's asyncio
     poll can miss the edge: the message then sits in the client's socket until the poll times
@@ -140,6 +144,9 @@ def poll_in_slices(channel: Any, every: float = 1.0) -> None:
             try:
                 return await get(timeout=every if left is None else max(0.0, min(every, left)))
             except Empty:
+                instead = idle() if idle is not None else None
+                if instead is not None:
+                    return instead
                 if left is not None and left <= every:
                     raise
 

@@ -12,11 +12,15 @@ re-run grades only what has no result for its key and merges what was written bu
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
+import multiprocessing
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -29,7 +33,6 @@ import nbformat
 
 from grader import REPO_ROOT
 from grader.cells import describe_timeout, lesson_key
-from grader.forkserver import NbgraderServer
 from grader.keys import ensure_key, kernel_env
 from grader.nbtools import nbgrader, tool_env
 from grader.release import copy_course_skeleton
@@ -238,13 +241,11 @@ def grade_one(
     notebook: Path,
     settings: Settings,
     work: Path,
-    server: NbgraderServer,
     calibration: dict | None = None,
 ) -> dict:
     """Grade one submission in a scratch course; returns the result record (not merged).
 
     ``calibration`` (from :func:`grader.calibrate.load`) gives each cell its own time limit.
-    ``server`` is the worker's warm nbgrader (:mod:`grader.forkserver`) that runs the autograde.
     """
     start = time.monotonic()
     result: dict = {
@@ -283,7 +284,7 @@ def grade_one(
         timeout = settings.limits.notebook_timeout + 600
         launched = time.monotonic()
         phases["before nbgrader"] = launched - start
-        proc = server.run(argv, scratch, env, timeout)
+        proc = run_nbgrader(argv, scratch, env, timeout)
         phases["nbgrader"] = time.monotonic() - launched
         autograded = scratch / "autograded" / student / template.lesson / f"{template.lesson}.ipynb"
         if proc.returncode != 0 or not autograded.is_file():
@@ -314,6 +315,67 @@ def grade_one(
     phases["after nbgrader"] = result["seconds"] - sum(phases.values())
     result["phases"] = phases  # where the worker's time went (grader.benchmark prints it)
     return result
+
+
+#: nbgrader runs in a child of multiprocessing's fork server, which imports nbgrader, its
+#: executor and torch (the judges') once: their seconds of imports are paid once per run, not once
+#: per submission. Each child is a fresh process (its own traitlets singletons) that runs
+#: nbgrader's command line in the scratch course.
+NBGRADER = multiprocessing.get_context("forkserver")
+NBGRADER.set_forkserver_preload(
+    [
+        "nbgrader.apps.nbgraderapp",
+        "nbgrader.converters",
+        "nbgrader.preprocessors",
+        "nbclient",
+        "jupyter_client",
+        "sqlalchemy",
+        "torch",
+    ]
+)
+
+
+def _nbgrader_child(argv: list[str], cwd: str, env: dict[str, str], log: str) -> None:
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    # As ``python -m nbgrader`` in ``cwd``: its folder first, its ``grader`` package the one used.
+    for name in [m for m in sys.modules if m == "grader" or m.startswith("grader.")]:
+        del sys.modules[name]
+    sys.path.insert(0, cwd)
+    sys.argv = ["nbgrader", *argv]
+    from nbgrader.apps.nbgraderapp import main
+
+    code: int | str | None = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+    finally:
+        atexit._run_exitfuncs()  # a forked child skips them; nbgrader's and the timing stamps
+    sys.exit(code)
+
+
+def run_nbgrader(
+    argv: list[str], cwd: Path, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``nbgrader ARGV`` in ``cwd`` with exactly ``env``, in a fresh child of the fork server;
+    killed (:class:`subprocess.TimeoutExpired`) past ``timeout`` seconds."""
+    log = cwd.parent / f"{cwd.name}.nbgrader.log"
+    child = NBGRADER.Process(target=_nbgrader_child, args=(argv, str(cwd), env, str(log)))
+    child.start()
+    child.join(timeout)
+    if child.is_alive():
+        child.kill()
+        child.join()
+    output = log.read_text(errors="replace") if log.is_file() else ""
+    log.unlink(missing_ok=True)
+    if child.exitcode == -9:
+        raise subprocess.TimeoutExpired(argv, timeout, output=output)
+    return subprocess.CompletedProcess(argv, int(child.exitcode or 0), output, "")
 
 
 def ensure_assignment(root: Path, lesson: str, db_url: str) -> None:
@@ -637,9 +699,6 @@ def autograde(
         return gradebook_totals(lesson, db_url, outcomes)
     lock = threading.Lock()
     slots = list(range(workers))
-    servers = {slot: NbgraderServer() for slot in slots}  # one warm nbgrader per worker
-    for server in servers.values():
-        server.start()
 
     def job(student: str, nb: Path) -> dict:
         with lock:
@@ -653,7 +712,7 @@ def autograde(
                 kernel_env=kernel_env(course_key, student),
                 course_dir=course_code,
             )
-            return grade_one(template, student, nb, settings, work, servers[slot], calibration)
+            return grade_one(template, student, nb, settings, work, calibration)
         finally:
             with lock:
                 slots.append(slot)
@@ -665,7 +724,7 @@ def autograde(
         bar = tqdm(total=len(todo), desc=f"grading {lesson}", unit="nb", dynamic_ncols=True)
     pool = ThreadPoolExecutor(max_workers=workers)
     try:
-        template = Template(root, lesson, work)  # the servers' imports run meanwhile
+        template = Template(root, lesson, work)
         futures = {pool.submit(job, s, p): s for s, p in todo.items()}
         for future in as_completed(futures):
             student = futures[future]
@@ -693,8 +752,6 @@ def autograde(
         # On Ctrl-C: start nothing new; running jobs die with their nbgrader child and their
         # results are not recorded, so a re-run grades them again.
         pool.shutdown(wait=True, cancel_futures=True)
-        for server in servers.values():
-            server.close()
         if bar:
             bar.close()
     return gradebook_totals(lesson, db_url, outcomes)

@@ -70,15 +70,11 @@ def bare_execution(lesson: str) -> tuple[float, dict[str, float]]:
 #: The phases of one submission in a worker, from :func:`grader.execute.record_timing`'s stamps.
 PHASES = [
     ("nbgrader start (imports, config, gradebook)", "process_start", "preprocess_start"),
-    ("sandbox and runner start", "sandbox_start", "started"),
-    ("runner setup (request, lesson files, imports)", None, "setup"),
-    ("kernel start", None, "kernel_start"),
-    ("grader prelude", None, "prelude"),
-    ("cells before/between tests", None, "notebook"),
-    ("graded test cells (fork, restore, test)", None, "tests"),
-    ("leftover-process sweeps", None, "leftovers"),
-    ("kernel shutdown", None, "shutdown"),
-    ("runner exit, sandbox teardown", "ended", "sandbox_end"),
+    (
+        "execution in the sandbox (kernel start, cells, judges)",
+        "preprocess_start",
+        "preprocess_end",
+    ),
     ("nbgrader after execution (scores, files)", "preprocess_end", "exit"),
 ]
 
@@ -89,11 +85,9 @@ def worker_phases(path: Path) -> list[tuple[str, float]]:
     for line in path.read_text().splitlines():
         data = json.loads(line)
         by_pid.setdefault(data["pid"], {}).update(data)
-    runs = [r for r in by_pid.values() if "exit" in r and "started" in r]
+    runs = [r for r in by_pid.values() if "exit" in r and "preprocess_end" in r]
     if not runs:
         return []
-    for r in runs:
-        r["notebook"] = r.get("cells", 0.0) - r.get("tests", 0.0) - r.get("leftovers", 0.0)
     rows = []
     for name, start, end in PHASES:
         values = [(r[end] - r[start]) if start else r.get(end, 0.0) for r in runs]
@@ -133,9 +127,8 @@ STALL_MARGIN = 30.0
 
 def stalls(results: Path, timing: Path | None) -> list[str]:
     """Every sign of a stall in one graded class, a line each: a cell that ran
-    :data:`STALL_MARGIN` seconds past its median over the submissions, a cell the runner
-    described as still running (its ``still running after`` event, with where the kernel's
-    threads waited), and a cell stopped at its time limit."""
+    :data:`STALL_MARGIN` seconds past its median over the submissions, and a cell stopped at its
+    time limit."""
     found = []
     if timing is not None and timing.is_file():
         runs: dict[int, list[float]] = {}
@@ -157,8 +150,8 @@ def stalls(results: Path, timing: Path | None) -> list[str]:
     return found
 
 
-#: The runner's events for a cell whose execute_reply was late or lost (grader/runner.py,
-#: POLL_SLICE and REPLY_GRACE).
+#: The events of a cell whose execute_reply was late or lost (grader/kernel.py, POLL_SLICE and
+#: REPLY_GRACE).
 LOST_REPLY = (
     "its execute_reply came only after",
     "its execute_reply never came",
@@ -167,7 +160,7 @@ LOST_REPLY = (
 
 
 def lost_replies(results: Path) -> list[str]:
-    """Every execute_reply the runner had to recover (the kernel idle, its reply not come), a
+    """Every execute_reply the client had to recover (the kernel idle, its reply not come), a
     line each: a nudge brought it, or the cell was completed from iopub. Seconds each, where a
     stall would have cost the cell's whole limit."""
     return [
@@ -300,8 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  cell {index:>3}: {low:6.2f} / {mid:6.2f} / {high:6.2f}")
         print()
     print(
-        f"stalls in {n} submissions (a cell {STALL_MARGIN:.0f} s past its median, still running "
-        f"at the runner's watch, or out of time): {len(stalled)}"
+        f"stalls in {n} submissions (a cell {STALL_MARGIN:.0f} s past its median "
+        f"or out of time): {len(stalled)}"
     )
     for line in stalled:
         print(f"  {line}")

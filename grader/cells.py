@@ -70,24 +70,12 @@ def cell_limits(nb: dict, calibration: dict) -> dict[int, float]:
     return out
 
 
-def stall_after(nb: dict, calibration: dict, margin: float = 30.0) -> dict[int, float]:
-    """``{cell index: seconds}``: when a cell the solution has is described as running long (the
-    solution's time plus ``margin``; see ``grader/runner.py``)."""
-    cells = calibration["cells"]
-    out: dict[int, float] = {}
-    for index, cell in enumerate(nb.get("cells", [])):
-        entry = cells.get(cell_key(cell)) if cell.get("cell_type") == "code" else None
-        if entry and entry.get("solution_s") is not None:
-            out[index] = float(entry["solution_s"]) + margin
-    return out
-
-
 def timeouts_from_answer(nb: dict, answer: dict, calibration: dict | None) -> list[dict]:
-    """The cells of the runner's ``answer`` that ran out of time: label, limit, solution time."""
+    """The cells of an execution's ``answer`` that ran out of time: label, limit, solution time."""
     cells = (calibration or {}).get("cells", {})
     found = []
     for got in answer.get("cells", []):
-        if not isinstance(got, dict) or got.get("status") in ("ok", "not-run", "guard-failed"):
+        if not isinstance(got, dict) or got.get("status") in ("ok", "not-run"):
             continue
         # nbclient reports a cell it interrupted at its limit as an error: the time tells.
         limit = float(got.get("limit") or 0.0)

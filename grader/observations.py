@@ -14,8 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-#: The mime type of the display output that carries one test cell's observations.
-MIME = "application/x-grader-observations"
+from grader.harness import MIME as MIME  # the display output carrying a test's observations
 
 
 class ObservationError(AssertionError):

@@ -1,11 +1,12 @@
 """Execute one notebook in its own sandboxed process tree (bubblewrap + rlimits).
 
 Inside the sandbox only ``/usr``, ``/etc``, the Python installation, the virtual environment, the
-``course`` package (at ``/opt/course/course``) and the runner exist, read-only; ``/home/student``
-(the kernel's cwd, holding only the lesson's extra files), ``/tmp`` and ``/dev/shm`` are private
-tmpfs; network, PID, IPC and UTS namespaces are new; it dies with its parent. The runner drops to
-an unprivileged uid per worker slot (as root) under ``prlimit`` (:class:`Limits`). The notebook
-travels on stdin and the answer comes back on a pipe only the runner holds.
+``course`` package (at ``/opt/course/course``) and the grader's files a kernel reads
+(:func:`grader.lessons.kernel_files`: the harness and the drivers, never a judge) exist, read-only;
+``/home/student`` (the kernel's cwd, holding only the lesson's extra files), ``/tmp`` and
+``/dev/shm`` are private tmpfs, and the kernel's connection folder is bound in; network, PID, IPC
+and UTS namespaces are new; it dies with its parent. The kernel runs as an unprivileged uid per
+worker slot (as root) under ``prlimit`` (:class:`Limits`); :mod:`grader.kernel` starts it.
 """
 
 from __future__ import annotations
@@ -13,19 +14,16 @@ from __future__ import annotations
 import functools
 import json
 import os
-import secrets
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from grader import guard
-from grader.lessons import OBSERVER_FILE, kernel_files
+from grader.lessons import kernel_files
 from grader.settings import UID_BASE_ENV, GraderSettings, default
 
-RUNNER = Path(__file__).with_name("runner.py")
+HOME = "/home/student"
 
 
 class SandboxUnavailable(RuntimeError):
@@ -68,8 +66,6 @@ class Settings:
     mode: str = "bwrap"  # or "unsandboxed"
     slot: int = 0
     lesson_files: str | None = None
-    #: run graded test cells in a fork of the kernel (False: in the kernel, as with CUDA)
-    fork: bool = True
     #: ``COURSE_GRADING_KEY``/``COURSE_STUDENT_ID`` for the kernel (:func:`grader.keys.kernel_env`).
     kernel_env: dict[str, str] = field(default_factory=dict)
     #: the ``course`` package the kernel imports (:func:`course_dir`; ``None``: the installed one)
@@ -115,8 +111,6 @@ def course_dir(root: Path) -> Path:
 
 #: Where the sandbox shows the ``course`` package (its parent is the kernel's ``PYTHONPATH``).
 SANDBOX_COURSE = "/opt/course/course"
-#: Where the sandbox shows the grader's guard for the kernel (``grader/kernel_guard.py``).
-SANDBOX_GUARD = "/opt/grader/kernel_guard.py"
 
 
 def real_interpreter() -> str:
@@ -207,15 +201,55 @@ def _prlimit(limits: Limits) -> list[str]:
     ]
 
 
-def bwrap_command(settings: Settings, python: str | None = None) -> list[str]:
-    """The command line that runs the runner inside bubblewrap."""
-    python = python or real_interpreter()
+def sandbox_uid(settings: Settings) -> int | None:
+    """The unprivileged uid the sandbox runs as: one per worker slot when the grader is root
+    (rlimits on processes count per uid), else ``None``."""
+    if settings.mode != "bwrap" or os.geteuid() != 0:
+        return None
+    return int(os.environ.get(UID_BASE_ENV) or default("uid_base")) + settings.slot
+
+
+def kernel_command(settings: Settings, kernel: list[str], runtime: Path) -> list[str]:
+    """The command that starts ``kernel`` (a kernel's argv) in the sandbox of ``settings``,
+    with ``runtime`` (its connection file and IPC sockets) bound in at the same path."""
+    if settings.mode == "unsandboxed":
+        return _prlimit(settings.limits) + kernel
+    if settings.mode != "bwrap":
+        raise ValueError(f"unknown sandbox mode {settings.mode!r}")
+    return bwrap_command(settings, kernel, runtime)
+
+
+def kernel_env(settings: Settings, runtime: Path) -> tuple[dict[str, str], str]:
+    """The kernel's environment and working folder (inside the sandbox, or in ``runtime``)."""
+    course = Path(settings.course_dir) if settings.course_dir else _course_dir()
+    if settings.mode == "bwrap":
+        env = _env(settings.limits, HOME, str(Path(SANDBOX_COURSE).parent))
+        return env | settings.kernel_env, HOME
+    home, path = runtime / "home", runtime / "path"
+    home.mkdir(exist_ok=True)
+    path.mkdir(exist_ok=True)
+    (path / "course").symlink_to(course.resolve())
+    for src, rel in kernel_files():  # the drivers, where the sandbox mounts them
+        (path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (path / rel).symlink_to(src)
+    env = {**os.environ, **_env(settings.limits, str(home), str(path))}
+    env.update(MPLCONFIGDIR=str(home / ".mpl"), IPYTHONDIR=str(home / ".ipython"))
+    env["JUPYTER_RUNTIME_DIR"] = str(home / ".runtime")
+    return env | settings.kernel_env, str(home)
+
+
+def bwrap_command(
+    settings: Settings, inner: list[str] | None = None, runtime: Path | None = None
+) -> list[str]:
+    """The command line that runs ``inner`` (a kernel) inside bubblewrap."""
+    python = real_interpreter()
+    inner = inner or [python, "-m", "ipykernel_launcher"]
     limits = settings.limits
-    home = "/home/student"
+    home = HOME
     binds: list[tuple[str, str]] = []
     for src in {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}:
         binds.append((str(src), str(src)))
-    if not any(Path(python).is_relative_to(Path(b[0])) for b in binds):
+    if not any(Path(inner[0]).is_relative_to(Path(b[0])) for b in binds) and inner[0] == python:
         raise SandboxUnavailable(
             f"the interpreter {python} is outside the Python installation "
             f"({sys.base_prefix}) and the virtual environment ({sys.prefix}) that the sandbox "
@@ -239,7 +273,10 @@ def bwrap_command(settings: Settings, python: str | None = None) -> list[str]:
         "--unshare-uts",
         "--die-with-parent",
         "--new-session",
-        "--clearenv",
+        # The kernel's parent is outside its PID namespace: with JPY_PARENT_PID it would think
+        # itself orphaned and exit. The rest of the environment is what the manager passes.
+        "--unsetenv",
+        "JPY_PARENT_PID",
         # The private /tmp comes first, so that binds below it (a course or venv that lives
         # under /tmp, as in a CI checkout) are mounted on top of it rather than hidden by it.
         "--perms",
@@ -260,22 +297,8 @@ def bwrap_command(settings: Settings, python: str | None = None) -> list[str]:
             cmd += ["--ro-bind", str(target), str(target)]
     for src, dest in binds:
         cmd += ["--ro-bind", src, dest]
-    cmd += [
-        "--perms",
-        "0755",
-        "--dir",
-        "/opt",
-        "--perms",
-        "0755",
-        "--dir",
-        "/opt/grader",
-        "--ro-bind",
-        str(RUNNER),
-        "/opt/grader/runner.py",
-        "--ro-bind",
-        str(guard.KERNEL_GUARD),
-        SANDBOX_GUARD,
-    ]
+    if runtime is not None:
+        cmd += ["--bind", str(runtime), str(runtime)]
     if settings.lesson_files:
         cmd += ["--ro-bind", settings.lesson_files, "/opt/lesson"]
     cmd += [
@@ -300,17 +323,14 @@ def bwrap_command(settings: Settings, python: str | None = None) -> list[str]:
         "--chdir",
         home,
     ]
-    for key, value in _env(limits, home, str(Path(SANDBOX_COURSE).parent)).items():
-        cmd += ["--setenv", key, value]
     if os.geteuid() == 0:
         # One uid per slot (rlimits on processes count per uid); UID_BASE_ENV moves the range
         # for a second grading run on the same machine, so the two never share a uid.
-        uid = str(int(os.environ.get(UID_BASE_ENV) or default("uid_base")) + settings.slot)
+        uid = str(sandbox_uid(settings))
         cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
     else:
         cmd[1:1] = ["--unshare-user"]
-    cmd += _prlimit(limits) + [python, "-I", "/opt/grader/runner.py"]
-    return cmd
+    return cmd + _prlimit(limits) + inner
 
 
 def execute(
@@ -318,92 +338,48 @@ def execute(
     graded: list[int],
     settings: Settings,
     cell_timeouts: dict[int, float] | None = None,
-    stall_after: dict[int, float] | None = None,
 ) -> dict:
-    """Execute ``nb`` (a notebook as a dict); returns the runner's answer.
+    """Execute ``nb`` (a notebook as a dict) in the sandbox with nbclient; what happened.
 
     ``cell_timeouts`` (cell index -> seconds, from :mod:`grader.calibrate`) overrides
-    ``limits.cell_timeout`` for those cells; a cell still running at its ``stall_after`` leaves
-    an event saying where the kernel waits (``grader/runner.py``).
-
-    The answer is ``{"cells": [{index, outputs, execution_count, status}], "events": [...]}``;
-    when the sandbox itself fails (killed at the notebook's limit, crashed), ``cells`` is empty
-    and ``events`` says why.
+    ``limits.cell_timeout`` for those cells. The answer is ``{"cells": [{index, outputs,
+    execution_count, status, seconds, limit}], "events": [...]}``; when the sandbox itself
+    fails, ``cells`` is empty and ``events`` says why.
     """
-    limits = settings.limits
-    token = secrets.token_hex(8)
-    course = Path(settings.course_dir) if settings.course_dir else _course_dir()
-    checks = SANDBOX_COURSE if settings.mode == "bwrap" else str(course.resolve())
-    observer, kernel_guard = str(OBSERVER_FILE), str(guard.KERNEL_GUARD)
-    if settings.mode == "bwrap":  # where bwrap_command mounts them
-        observer = str(Path(SANDBOX_COURSE).parent / dict(kernel_files())[OBSERVER_FILE])
-        kernel_guard = SANDBOX_GUARD
-    prelude = guard.prelude(token, f"{checks}/checks.py", observer, kernel_guard, settings.fork)
-    request = {
-        "nb": nb,
-        "graded": graded,
-        "prelude": prelude,
-        "test_call": guard.test_call(token),
-        "verdict": guard.verdict_expression(token),
-        "cell_timeout": limits.cell_timeout,
-        "notebook_timeout": limits.notebook_timeout,
-        "max_output": limits.max_output,
-        "lesson_files": None,
-        "kernel_env": dict(settings.kernel_env),
-        "cell_timeouts": {str(k): float(v) for k, v in (cell_timeouts or {}).items()},
-        "stall_after": {str(k): float(v) for k, v in (stall_after or {}).items()},
-    }
-    cwd = None
-    tmp = None
-    if settings.mode == "bwrap":
-        cmd = bwrap_command(settings)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-        if settings.lesson_files:
-            request["lesson_files"] = "/opt/lesson"
-    elif settings.mode == "unsandboxed":
-        import tempfile
+    import nbformat
+    from nbclient import NotebookClient
 
-        tmp = tempfile.mkdtemp(prefix="grader-unsandboxed-")
-        cwd = tmp
-        # The kernel imports the course's package through a folder holding only a link to it.
-        path = os.path.join(tmp, ".course-path")
-        os.mkdir(path)
-        os.symlink(course.resolve(), os.path.join(path, "course"))
-        for src, rel in kernel_files():
-            os.makedirs(os.path.dirname(os.path.join(path, rel)), exist_ok=True)
-            os.symlink(src, os.path.join(path, rel))
-        env = {**os.environ, **_env(limits, tmp, path)}
-        env["MPLCONFIGDIR"] = os.path.join(tmp, ".mpl")
-        env["IPYTHONDIR"] = os.path.join(tmp, ".ipython")
-        env["JUPYTER_RUNTIME_DIR"] = os.path.join(tmp, ".runtime")
-        request["lesson_files"] = settings.lesson_files
-        cmd = _prlimit(limits) + [real_interpreter(), "-I", str(RUNNER)]
-    else:
-        raise ValueError(f"unknown sandbox mode {settings.mode!r}")
-    begun = time.time()
+    from grader.kernel import SandboxedClient, SandboxedKernelManager
+
+    class Client(SandboxedClient, NotebookClient):
+        pass
+
+    node = nbformat.from_dict(nb)
+    limits = settings.limits
+    client = Client(
+        node,
+        km=SandboxedKernelManager(settings),
+        allow_errors=True,
+        interrupt_on_timeout=True,
+        error_on_timeout={
+            "ename": "CellTimeoutError",
+            "evalue": "",
+            "traceback": ["CellTimeoutError: the cell ran past its time limit"],
+        },
+        extra_arguments=["--HistoryManager.hist_file=:memory:"],
+        record_timing=False,
+        shutdown_kernel="immediate",
+    )
+    client.setup_grading(
+        set(graded),
+        cell_timeouts or {},
+        limits.cell_timeout,
+        limits.max_output,
+        limits.notebook_timeout,
+    )
+    client.lesson_files = settings.lesson_files
     try:
-        proc = subprocess.run(
-            cmd,
-            input=json.dumps(request).encode(),
-            capture_output=True,
-            timeout=limits.notebook_timeout + 120,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,
-        )
-    except subprocess.TimeoutExpired:
-        return {"cells": [], "events": ["the sandbox was killed at the notebook's time limit"]}
-    finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        answer = json.loads(proc.stdout)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        err = proc.stderr.decode(errors="replace").strip()[-500:]
-        return {
-            "cells": [],
-            "events": [f"the sandbox gave no answer (exit {proc.returncode}) {err}"],
-        }
-    if isinstance(answer.get("timing"), dict):
-        answer["timing"].update(sandbox_start=begun, sandbox_end=time.time())
-    return answer
+        client.execute()
+    except Exception as exc:  # noqa: BLE001 - the sandbox failed: say why, run nothing more
+        return {"cells": [], "events": [*client.events, f"the sandbox failed: {exc}"]}
+    return {"cells": client.answer_cells(node), "events": client.events}

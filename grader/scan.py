@@ -1,6 +1,6 @@
 """A static look at a submission's own cells for code that tampers with the grading.
 
-The sandbox and the in-kernel restore (see :mod:`grader.guard`) stop the known tricks; what runs
+The sandbox and the judges (see :mod:`grader.judge`) stop the known tricks; what runs
 inside the student's process can always go further (frame inspection, rewriting the kernel's
 messaging). This scan flags such code so a person can look: it never changes a score.
 """
@@ -34,8 +34,8 @@ PATTERNS: list[tuple[str, str]] = [
     ("reads-grader-files", r"gradebook|solutions/|/autograded|/submitted|\.grader"),
     ("history", r"\b_ih\b|\bIn\[|\b_i\d"),
     ("processes", r"os\.fork|subprocess|multiprocessing|Popen|setsid"),
-    # Code that outlives its cell. The tests run apart from it (grader/guard.py); these flags only
-    # let a person see that a submission left something running.
+    # Code that outlives its cell. The judges decide what a hidden test earns whatever runs beside
+    # it; these flags only let a person see that a submission left something running.
     ("threads", r"\bthreading\b|\b_thread\b|Thread\(|concurrent\.futures"),
     ("signals", r"\bsignal\.(signal|setitimer|alarm|pthread_kill|set_wakeup_fd)"),
     (

@@ -11,7 +11,7 @@ zero). Afterwards the notebook's own solution cell is run again, so the next
 exercise sees the reference definitions. The test suite and ``python -m grader.audit`` use it.
 
 Graded test cells run as in the sandbox: with globals of their own, a copy of the notebook's
-namespace (:mod:`grader.seam_kernel`), so names a test binds never replace the notebook's. A
+namespace (:mod:`grader.harness`), so names a test binds never replace the notebook's. A
 converted hidden test's observations are judged here, in the suite's process
 (:mod:`grader.judge`), before the cell is scored.
 """
@@ -30,6 +30,7 @@ from nbformat import NotebookNode
 from nbgrader.utils import determine_grade
 
 from course.selfcheck import notebook_client, warnings_are_not_failures
+from grader import harness
 from grader.judge import judge_cell
 from grader.keys import seed_for
 
@@ -138,12 +139,6 @@ def bound_names(source: str) -> list[str]:
     return sorted(names - {"*"})
 
 
-def test_call(source: str, label: str) -> str:
-    """The source that runs a graded test cell's ``source`` through the seam's harness
-    (:func:`grader.seam_kernel.test`)."""
-    return f"__import__('grader.seam_kernel').seam_kernel.test({source!r}, {label!r})\n"
-
-
 def is_test_cell(cell: NotebookNode) -> bool:
     """An autograded test cell (nbgrader ``grade`` without ``solution``)."""
     meta = _nbgrader(cell)
@@ -191,13 +186,13 @@ class LessonKernel:
         extra = {} if self._env is None else {"env": self._env}
         self._stack.enter_context(self._client.setup_kernel(**extra))
         try:
-            self.run_code("import grader.seam_kernel")
+            self.run_code("import grader.harness")
             for index, cell in enumerate(self.executed.cells):
                 if not is_test_cell(cell):
                     self._client.execute_cell(cell, index)
                     continue
                 source = cell.source
-                cell.source = test_call(source, f"<test cell {index}>")
+                cell.source = harness.call(source, f"<test cell {index}>")
                 try:
                     self._client.execute_cell(cell, index)
                 finally:
@@ -353,7 +348,7 @@ class LessonKernel:
             answer = self._run(solution if source is None else source)
             for code in between:
                 self._run(code)
-            cell = self._run(test_call(test.source, f"<test cell {grade_id}_tests>"))
+            cell = self._run(harness.call(test.source, f"<test cell {grade_id}_tests>"))
             cell.metadata = test.metadata
             judge_cell(cell, self.lesson, self._seed_of(key, student))
             streams = [o for o in cell.outputs if o.get("output_type") == "stream"]

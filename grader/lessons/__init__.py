@@ -52,16 +52,17 @@ class Lesson:
         return importlib.import_module(f"{self.grading}.variants")
 
 
-#: The observer's source, compiled in the kernel by the grader's harness (see the module).
+#: The drivers' observer, which the harness (``grader/harness.py``) hands them in the kernel.
 OBSERVER_FILE = Path(__file__).resolve().parent / "observer.py"
 
 
 def kernel_files() -> list[tuple[Path, str]]:
-    """The grading files a kernel reads (the observer, the drivers and their inputs, never a
-    judge), with their paths relative to an import root: what the sandbox mounts beside
+    """The grading files a kernel reads (the harness, the observer, the drivers and their inputs,
+    never a judge), with their paths relative to an import root: what the sandbox mounts beside
     ``course``."""
     here = OBSERVER_FILE.parent
-    files = [here / "drive.py", OBSERVER_FILE, *sorted(here.glob("l[0-9][0-9]_*/inputs.py"))]
+    files = [here.parent / "harness.py", here / "drive.py", OBSERVER_FILE]
+    files += sorted(here.glob("l[0-9][0-9]_*/inputs.py"))
     files += [entry.folder / "inputs.py" for entry in TEST_LESSONS.values()]
     return [(f, f.relative_to(REPO_ROOT).as_posix()) for f in files]
 

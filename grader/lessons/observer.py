@@ -5,11 +5,10 @@ Each value is copied at once into plain data serialised with ``torch.save`` (wha
 output of type ``grader.observations.MIME``, decoded by :mod:`grader.observations` and judged
 outside the kernel by :mod:`grader.judge`.
 
-The grader's harness (``grader/guard.py``, the suite's seam) compiles this file's source in a
-namespace of its own before any student code runs, so nothing a notebook binds or patches later
-reaches it: it names no global but builtins, and imports (``base64``, ``io``, ``json``) only when an
-observer is made. The sandbox mounts it read-only beside the drivers
-(:func:`grader.lessons.kernel_files`).
+The grader's harness (:mod:`grader.harness`) makes one per driver. It names no global but
+builtins and takes torch as an argument; the sandbox mounts it read-only beside the drivers
+(:func:`grader.lessons.kernel_files`). Nothing in the kernel is trusted: a forged or emptied
+observation fails the judge.
 """
 
 from __future__ import annotations

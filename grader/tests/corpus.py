@@ -458,7 +458,8 @@ CASES: list[Case] = [
         solution("triple", "import sys\nsys.excepthook = lambda *a: None\n" + T_CHEAT),
         (1, 1, 0),
     ),
-    # Code that outlives its cell: none of it may reach a test (grader/guard.py)
+    # Code that outlives its cell. The fixture's hidden tests are still checks in the kernel (no
+    # judges yet), which code left running can defeat now that no in-kernel guard restores them.
     Case("leftover-thread", leftover(THREAD), (0, 0, 0)),
     Case("leftover-c-level-thread", leftover(C_THREAD), (0, 0, 0)),
     Case("leftover-signal-handlers-and-itimers", leftover(SIGNALS), (0, 0, 0)),
@@ -695,14 +696,97 @@ def _hijack_observer(name, *args):
 """
 
 
+#: Code an earlier cell leaves running, which acts while a later hidden part runs (the attacks the
+#: in-kernel guard used to stop by running each test in a fork without them): a thread that
+#: empties the observers of the exercises it targets and marks them done, an interval timer whose
+#: handler puts the visible inputs in place of the driver's (in every frame it interrupts), and
+#: trace and profile hooks that make every comparison in the kernel pass. ``_leftover_start``
+#: plants them for an exercise; at call time the tricks find nothing (the wrong answer stands).
+L01_LEFTOVERS = r"""
+import signal as _signal
+
+_LEFT_TARGETS = set()
+
+
+def _observers():
+    found = []
+    for obj in _gc.get_objects():
+        try:
+            if type(obj).__name__ == "Observer" and hasattr(obj, "records"):
+                found.append(obj)
+        except Exception:
+            pass
+    return found
+
+
+def _target(observer):
+    try:
+        return _json.loads(observer.bundle())["exercise"] in _LEFT_TARGETS
+    except Exception:
+        return False
+
+
+def _empty_loop():
+    while True:
+        for observer in _observers():
+            if _target(observer):
+                observer.records.clear()
+                observer.finished = True
+        _time.sleep(0.01)
+
+
+def _swap_inputs(signum, frame):
+    visible = torch.arange(8.0).to(torch.float16)
+    chain, look = [], frame
+    while look is not None:
+        chain.append(look)
+        look = look.f_back
+    if not any(_target(f.f_globals.get("_obs")) for f in chain if "_obs" in f.f_globals):
+        return  # only while a targeted exercise's driver runs
+    while frame is not None:
+        for name, value in list(frame.f_locals.items()):
+            if name.startswith("_") and isinstance(value, torch.Tensor) and value.numel() > 8:
+                try:
+                    value.data = visible.to(value.dtype)
+                except Exception:
+                    pass
+        frame = frame.f_back
+
+
+def _always_pass(frame, event, arg):
+    torch.equal = torch.allclose = lambda *a, **k: True
+
+
+def _leftover_start(exercise, how):
+    _LEFT_TARGETS.add(exercise)
+    if how == "_leftover_thread":
+        _threading.Thread(target=_empty_loop, daemon=True).start()
+    elif how == "_leftover_timer":
+        _signal.signal(_signal.SIGALRM, _swap_inputs)
+        _signal.setitimer(_signal.ITIMER_REAL, 0.002, 0.002)
+    elif how == "_leftover_trace":
+        _sys.settrace(_always_pass)
+        _sys.setprofile(_always_pass)
+        _threading.settrace(_always_pass)
+
+
+def _leftover_thread(name, *args):
+    return None
+
+
+_leftover_timer = _leftover_trace = _leftover_thread
+"""
+
+
 def l01_cheat(exercise: str, trick: str, honest_source: str) -> str:
     """The solution cell of ``exercise`` that tries ``trick`` (a finder's name) at call time."""
     signature, visible, wrong = L01_CHEATS[exercise]
     ref, call = L01_REFS[exercise]
     honest = honest_source.replace(f"def {exercise}(", f"def _honest_{exercise}(", 1)
     args = call.replace("=torch.float16", "")
+    plant = f"_leftover_start({exercise!r}, {trick!r})\n" if trick.startswith("_leftover") else ""
     return (
-        f"{honest}\n\n"
+        f"{honest}\n\n{plant}"
         f"def {exercise}({signature}):\n"
         f"    found = {trick}({ref!r}, {args})\n"
         f"    if found is not None:\n"
@@ -733,13 +817,27 @@ L01_STUDENTS: dict[str, dict[str, str | None]] = {
         "max_safe_scale": "_by_globals",
     },
     "l01-tricks-c": {
-        "fp16_bits": "_patch_serializer",
+        "fp16_bits": None,  # honest: keeps its points beside the attacks
         "fp16_fate": "_forge_observations",
         "kahan_sum": "_read_the_judges",
         "underflow_fraction": "_hijack_observer",
-        "max_safe_scale": None,  # honest: keeps its points beside the attacks
+        # Last: the patched torch.save outlives its cell and spoils every later observation.
+        "max_safe_scale": "_patch_serializer",
+    },
+    "l01-leftovers": {
+        "fp16_bits": "_leftover_trace",
+        "fp16_fate": "_leftover_thread",
+        "kahan_sum": "_leftover_timer",
+        "underflow_fraction": "_leftover_thread",
+        # Honest, but after what the others left running: a timer that rewrites tensors in the
+        # frames it interrupts and a trace hook that rebinds torch's comparisons can break the
+        # attacker's own later cells (seen once: the training cell raised a SystemError), so
+        # it may lose its points; it never gains any.
+        "max_safe_scale": None,
     },
 }
+#: Students whose honest exercises may lose points to their own attacks (never gain any).
+L01_SPOILED = {"l01-leftovers"}
 
 
 def write_l01_attack(student: str, source_nb: Path, dest_dir: Path, ctx: dict) -> Path:
@@ -757,7 +855,7 @@ def write_l01_attack(student: str, source_nb: Path, dest_dir: Path, ctx: dict) -
             cell.source = l01_cheat(exercise, trick, cell.source)
         if first:
             judged = L01_JUDGED_TRICKS.format(marker=str(ctx["marker"]), judges=ctx["judges"])
-            cell.source = L01_FINDERS + judged + "\n\n" + cell.source
+            cell.source = L01_FINDERS + judged + L01_LEFTOVERS + "\n\n" + cell.source
             first = False
     dest_dir.mkdir(parents=True, exist_ok=True)
     path = dest_dir / f"{L01_LESSON}.ipynb"
@@ -820,7 +918,7 @@ def _mine(code):
 
 #: The harness's files, compiled in the kernel (its guard and the drivers' observer): the harness's
 #: code, not a place a reference could be.
-_HARNESS_FILES = ("/grader/lessons/observer.py", "/grader/kernel_guard.py")
+_HARNESS_FILES = ("/grader/lessons/observer.py", "/grader/harness.py")
 
 
 def _origin(fn):
@@ -852,7 +950,8 @@ def _suspect_file(name):
     a test cell, the grader's files, judges or solutions; not the harness's own code."""
     if name.startswith("<grader") or name.endswith(_HARNESS_FILES):
         return False
-    return name.startswith("<test cell") or any(p in name for p in ("grader", "judge", "solution"))
+    parts = ("/grader/", "judge", "solution")
+    return name.startswith("<test cell") or any(p in name for p in parts)
 
 
 def _not_a_reference_place(fn):
@@ -1272,6 +1371,9 @@ def _attacked(exercise, honest, args, kwargs, method=None, channel=None):
         for fn in functions:
             if not callable(fn) or _origin(fn) == "harness":
                 continue
+            module = str(getattr(fn, "__module__", ""))
+            if module.split(".")[0] in _DEBUGGERS or "debug" in module or "pydev" in module:
+                continue  # a debugger would wait for a person on stdin, inside the test itself
             if getattr(getattr(fn, "__code__", None), "co_name", "") == "<module>":
                 continue  # a cell's own code made a function: running it again is no reference
             if not _callable_with(fn, call, kwargs):
@@ -1298,6 +1400,12 @@ def _attacked(exercise, honest, args, kwargs, method=None, channel=None):
 
 _MIME = "application/x-grader-observations"
 _channels_done = set()
+#: Callables the finders meet that are the kernel's own machinery, not a place a reference could
+#: be: a debugger waits for a person on stdin, the kernel's and its event loop's methods stop or
+#: re-enter the kernel the test runs in.
+_DEBUGGERS = {"pdb", "bdb", "cmd", "code", "ipdb", "ipykernel", "IPython", "zmq", "tornado"}
+_DEBUGGERS |= {"asyncio", "jupyter_client", "traitlets", "threading", "concurrent", "_thread"}
+_DEBUGGERS |= {"debugpy", "pydevd", "_pydevd_bundle", "_pydev_bundle", "_pydevd_frame_eval"}
 
 
 class _Payload:
@@ -1417,19 +1525,18 @@ def _without(source: str, names: tuple[str, ...]) -> str:
     return "".join(lines)
 
 
-#: The lessons attacked where a test cell runs in a fork of the kernel and where it runs in the
-#: kernel itself (as where CUDA forbids a fork), with the channel attack made on each (None: the
-#: finders only). The stateful and the multi-process exercises are attacked both ways; the
-#: serializer comes last (in the kernel, a patched torch.save would outlive its test cell).
+#: The lessons attacked in each of two submissions, with the channel attack made on each (None:
+#: the finders only). The stateful and the multi-process exercises are in both; the serializer
+#: comes last (a patched torch.save outlives its test cell).
 KIND_PATHS: dict[str, dict[str, str | None]] = {
-    "fork": {
+    "first": {
         "02-loss-scaling": None,
         "03-autocast": "hijack",
         "05-accumulation": None,
         "06-multi-gpu": None,
         "09-capstone": "serializer",
     },
-    "in-kernel": {
+    "second": {
         "02-loss-scaling": None,
         "04-batchnorm": "hijack",
         "06-multi-gpu": None,

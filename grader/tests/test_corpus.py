@@ -276,9 +276,10 @@ def test_lesson01_attacks_on_the_hidden_tests_earn_nothing(tmp_path):
     judged tests' plumbing (a patched torch.save writing a pickle that runs code, a forged second
     set of observations, the judges' module or file, the driver's observer emptied), falling back
     to code that is right on the visible inputs only. None earns a point; the honest exercise
-    beside them keeps its points; the payload never ran in the grader's process."""
+    beside them keeps its points (after code left running, it may lose them to that code); the
+    payload never ran in the grader's process."""
     from grader.release import copy_course_skeleton
-    from grader.tests.corpus import L01_LESSON, L01_STUDENTS, write_l01_attack
+    from grader.tests.corpus import L01_LESSON, L01_SPOILED, L01_STUDENTS, write_l01_attack
 
     need_bwrap()
     root = tmp_path / "course"
@@ -300,12 +301,15 @@ def test_lesson01_attacks_on_the_hidden_tests_earn_nothing(tmp_path):
             gid = f"{exercise}_tests"
             assert o.max_scores[gid] == L01_POINTS[gid]
             want = L01_POINTS[gid] if trick is None else 0.0
+            if trick is None and student in L01_SPOILED:
+                assert o.scores[gid] <= want, (student, exercise, o.reason)
+                continue
             assert o.scores[gid] == want, (student, exercise, trick, o.reason)
     assert not marker.exists(), "the payload ran in the grader's process"
 
 
 #: A sandbox uid slot of its own per run (two runs may grade at once under xdist).
-KIND_SLOTS = {"fork": 61, "in-kernel": 62}
+KIND_SLOTS = {"first": 61, "second": 62}
 #: The grader's modules a kernel may hold: the drivers, their inputs and the packages above them.
 DRIVER_MODULES = {
     ".".join(parts[:n])
@@ -328,10 +332,10 @@ def _no_reference(suspect: str) -> bool:
 @pytest.mark.parametrize("path", list(KIND_SLOTS))
 def test_lessons_02_to_09_attacks_by_kind_earn_nothing(tmp_path, path):
     """Lessons 02-09's hidden tests attacked by kind (see ``KIND_KIT`` in corpus.py) in one
-    sandboxed submission per way a test cell runs (a fork of the kernel; the kernel itself, as
-    where CUDA forbids a fork), judged here as ``SandboxedExecute`` judges: a stateful exercise
-    (lesson 02's scaler), one whose function runs in 2 ranks (lesson 06's worker) and one of
-    lessons 03, 04, 05, 08 and 09 each. Every attack ran and looked (each finder reports what it
+    sandboxed submission per set of lessons (``KIND_PATHS``), judged here as
+    ``SandboxedExecute`` judges: a stateful exercise (lesson 02's scaler), one whose function
+    runs in 2 ranks (lesson 06's worker) and one of lessons 03, 04, 05, 08 and 09 each. Every
+    attack ran and looked (each finder reports what it
     scanned), none found a judge, a judges file or a solution, and none earned a point: each
     visible part passed and each judge failed the answers. The control, a hidden test of the old
     kind, is beaten by every finder; the serializer's payload never ran here."""
@@ -358,7 +362,6 @@ def test_lessons_02_to_09_attacks_by_kind_earn_nothing(tmp_path, path):
     key, student = secrets.token_hex(32), "attacker"
     settings = Settings(
         limits=Limits(cell_timeout=120, notebook_timeout=420),
-        fork=path == "fork",
         slot=KIND_SLOTS[path],
         kernel_env={"COURSE_GRADING_KEY": key, "COURSE_STUDENT_ID": student},
     )

@@ -1,5 +1,5 @@
-"""The warm nbgrader (grader/forkserver.py): each run is a fresh child that sees its own folder,
-environment and modules, a run past its time is killed alone, and a dead server is replaced."""
+"""nbgrader from multiprocessing's fork server (grader.autograde.run_nbgrader): each run is a fresh
+child that sees its own folder, environment and modules, and a run past its time is killed alone."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from grader.forkserver import NbgraderServer
+from grader.autograde import run_nbgrader
 from grader.nbtools import tool_env
 
 # nbgrader (any command but --version) loads ./nbgrader_config.py: it reports what the child
@@ -27,13 +27,6 @@ if os.environ.get("SLEEP"):
 """
 
 
-@pytest.fixture
-def server():
-    s = NbgraderServer()
-    yield s
-    s.close()
-
-
 def course(tmp_path, value: str):
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "nbgrader_config.py").write_text(CONFIG)
@@ -41,44 +34,33 @@ def course(tmp_path, value: str):
     return tmp_path
 
 
-def test_each_run_is_a_fresh_process_in_its_own_folder(server, tmp_path):
+def test_each_run_is_a_fresh_process_in_its_own_folder(tmp_path):
     seen = []
     for name in ("one", "two"):
         folder = course(tmp_path / name, name)
         mark = tmp_path / f"{name}.json"
-        proc = server.run(["autograde", "nope"], folder, tool_env({"MARK": str(mark)}), 60)
+        proc = run_nbgrader(["autograde", "nope"], folder, tool_env({"MARK": str(mark)}), 60)
         assert proc.returncode == 1, proc.stdout  # no such assignment, after the config loaded
         seen.append(json.loads(mark.read_text()))
     assert [s["value"] for s in seen] == ["one", "two"]  # each folder's own module, not cached
     assert [s["cwd"] for s in seen] == [str(tmp_path / "one"), str(tmp_path / "two")]
     assert seen[0]["pid"] != seen[1]["pid"]
-    assert not seen[0]["grader_loaded"]  # nothing of the grader is imported before the fork
+    assert not seen[0]["grader_loaded"]  # the course folder's grader is the one imported
 
 
-def test_exit_status_and_output_come_back(server, tmp_path):
+def test_exit_status_and_output_come_back(tmp_path):
     folder = course(tmp_path / "c", "x")
-    proc = server.run(["autograde", "nope"], folder, tool_env({"MARK": str(tmp_path / "m")}), 60)
+    proc = run_nbgrader(["autograde", "nope"], folder, tool_env({"MARK": str(tmp_path / "m")}), 60)
     assert proc.returncode == 1
     assert f"{folder}/submitted/*/nope" in proc.stdout
 
 
-def test_a_run_past_its_time_is_killed_and_the_server_goes_on(server, tmp_path):
+def test_a_run_past_its_time_is_killed_and_the_next_runs(tmp_path):
     folder = course(tmp_path / "slow", "s")
     env = tool_env({"MARK": str(tmp_path / "slow.json"), "SLEEP": "60"})
     start = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
-        server.run(["autograde", "nope"], folder, env, 3)
+        run_nbgrader(["autograde", "nope"], folder, env, 3)
     assert time.monotonic() - start < 20
-    again = server.run(["--version"], folder, tool_env({"MARK": str(tmp_path / "m")}), 60)
+    again = run_nbgrader(["--version"], folder, tool_env({"MARK": str(tmp_path / "m")}), 60)
     assert again.returncode == 0
-
-
-def test_a_dead_server_is_started_again(server, tmp_path):
-    folder = course(tmp_path / "c", "x")
-    env = tool_env({"MARK": str(tmp_path / "m")})
-    assert server.run(["--version"], folder, env, 60).returncode == 0
-    first = server.proc
-    first.kill()
-    first.wait()
-    assert server.run(["--version"], folder, env, 60).returncode == 0
-    assert server.proc is not first

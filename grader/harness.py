@@ -1,10 +1,13 @@
-"""The suite's seam, kernel side: a graded test cell runs with globals of its own.
+"""The grader's code in the student's kernel: a graded test cell runs with globals of its own.
 
-:class:`grader.seam.LessonKernel` imports this module in its kernel and runs each graded test cell
-through :func:`test` (:func:`grader.seam.test_call`), as the sandbox's harness does: in a copy of
-the notebook's namespace, so names a test binds never replace the notebook's, with
-``__grader_driver__`` handing the drivers an observer (:mod:`grader.lessons.observer`); the
-observations are published after the test, for :func:`grader.judge.judge_cell`.
+Both the sandbox's kernel (:mod:`grader.kernel`) and the suite's seam (:mod:`grader.seam`) send a
+graded test cell as one call to :func:`test`: it runs the cell in a copy of the notebook's
+namespace, so names a test binds never replace the notebook's, with ``__grader_driver__`` handing
+the drivers an observer (:mod:`grader.lessons.observer`), and publishes each observer's records
+after the test as one display output of type :data:`MIME`, for :func:`grader.judge.judge_cell`.
+Nothing here decides a grade: a forged or missing observation fails the judge. The sandbox
+mounts this file read-only beside the drivers (:func:`grader.lessons.kernel_files`); it imports
+nothing of the grader but the observer.
 """
 
 from __future__ import annotations
@@ -13,7 +16,13 @@ import ast
 import linecache
 from typing import Any
 
-from grader.observations import MIME
+#: The mime type of the display output that carries one test cell's observations.
+MIME = "application/x-grader-observations"
+
+
+def call(source: str, label: str) -> str:
+    """The code a kernel is sent in place of the graded test cell ``source``."""
+    return f"__import__('grader.harness').harness.test({source!r}, {label!r})\n"
 
 
 def test(source: str, label: str) -> Any:
