@@ -119,11 +119,14 @@ class SandboxedExecute(SandboxedClient, Execute):
         self.extra_arguments = ["--HistoryManager.hist_file=:memory:"]
         self.shutdown_kernel = "immediate"  # the outputs are in: nothing of the kernel is kept
         why = ""
+        km = SandboxedKernelManager(settings)
         try:
-            nb, resources = super().preprocess(nb, resources, km=SandboxedKernelManager(settings))
+            nb, resources = super().preprocess(nb, resources, km=km)
         except Exception as exc:  # noqa: BLE001 - the kernel could not run: every test fails
             why = f"{type(exc).__name__}: {exc}"
             self.events.append(f"the sandbox failed: {why}")
+        finally:
+            self.release(km)
         statuses = fail_unfinished(nb, dict(self.statuses), why)
         statuses.update(judge(nb, resources, settings))
         for index in graded_test_cells(nb):

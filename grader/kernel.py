@@ -29,6 +29,7 @@ import nbformat
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
+from nbclient.exceptions import DeadKernelError
 
 from course.selfcheck import poll_in_slices
 from grader import harness
@@ -47,6 +48,8 @@ POLL_SLICE = 1.0
 REPLY_GRACE = 5.0
 #: How long a kernel has to answer after a timeout's interrupt before it is killed.
 INTERRUPT_GRACE = 10.0
+#: How long the outputs of a cell that replied may take to arrive.
+IOPUB_GRACE = 30
 #: How many times a notebook's kernel is restarted after it stopped (``SandboxedClient._revive``).
 MAX_RESTARTS = 3
 
@@ -117,9 +120,13 @@ class SandboxedKernelManager(AsyncKernelManager):
         )
 
     def write_connection_file(self, **kwargs: Any) -> None:
+        # The folder is the sandbox's to write (its sockets): on a restart the file may be a link
+        # a student planted, so it is written anew and never followed.
+        Path(self.connection_file).unlink(missing_ok=True)
+        self._connection_file_written = False
         super().write_connection_file(**kwargs)
         if self.uid is not None:
-            os.chown(self.connection_file, self.uid, self.uid)
+            os.chown(self.connection_file, self.uid, self.uid, follow_symlinks=False)
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
         return kernel_command(
@@ -163,10 +170,12 @@ class SandboxedKernelManager(AsyncKernelManager):
             except ProcessLookupError:
                 pass
 
-    def cleanup_resources(self, restart: bool = False) -> None:
-        super().cleanup_resources(restart=restart)
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        await super()._async_cleanup_resources(restart=restart)
         if not restart:
             shutil.rmtree(self.runtime, ignore_errors=True)
+
+    cleanup_resources = _async_cleanup_resources
 
 
 def _is_kernel(pid: int) -> bool:
@@ -213,6 +222,9 @@ class SandboxedClient:
         self._poll: dict[str, Any] = {}
         self._capped: int | None = None
         self.timeout_func = self._cell_timeout
+        # After a cell's reply, its last outputs and idle may lag on a busy machine: a cell that
+        # ran is never failed for that (nbgrader's config waits 4 s, then raises).
+        self.iopub_timeout = max(self.iopub_timeout, IOPUB_GRACE)
 
     # nbclient's synchronous entry points (what nbconvert's Execute calls) are bound to its own
     # coroutines: route them through this class's.
@@ -221,6 +233,16 @@ class SandboxedClient:
 
     def execute_cell(self, *args: Any, **kwargs: Any) -> Any:
         return run_sync(self.async_execute_cell)(*args, **kwargs)
+
+    def release(self, km: SandboxedKernelManager) -> None:
+        """Shut the kernel down and remove its folder: nbclient leaves a kernel it was given."""
+        try:
+            if self.km is not None:
+                self._cleanup_kernel()
+        except Exception as exc:  # noqa: BLE001 - the notebook is done: say so, lose nothing
+            self.events.append(f"the kernel's shutdown failed: {type(exc).__name__}: {exc}")
+        finally:
+            shutil.rmtree(km.runtime, ignore_errors=True)
 
     def _index(self, cell: Any) -> int:
         return next((i for i, c in enumerate(self.nb.cells) if c is cell), -1)
@@ -250,12 +272,14 @@ class SandboxedClient:
     async def async_start_new_kernel_client(self) -> Any:
         kc = await super().async_start_new_kernel_client()  # type: ignore[misc]
         self._slice_shell(kc.shell_channel)
+        poll_in_slices(kc.iopub_channel, POLL_SLICE)
         await self._prelude(kc)
         return kc
 
     async def _prelude(self, kc: Any) -> None:
         lesson = "/opt/lesson" if self.km.settings.mode == "bwrap" else self.lesson_files
-        why = await self._quietly(kc, PRELUDE % {"lesson": lesson or "/nonexistent"}, 120)
+        code = PRELUDE % {"lesson": lesson or "/nonexistent"}
+        why = await self._quietly(kc, code, min(120, max(1.0, self.deadline - time.monotonic())))
         if why:
             self.events.append(f"grader prelude failed: {why}")
 
@@ -280,7 +304,14 @@ class SandboxedClient:
         if len(self.killers) > MAX_RESTARTS:
             return f"the kernel stopped {len(self.killers)} times"
         await self.km.restart_kernel(now=True)
-        await self.kc.wait_for_ready(timeout=self.startup_timeout)  # iopub too (slow joiner)
+        for channel in (self.kc.shell_channel, self.kc.iopub_channel):
+            while True:  # the old kernel's last messages would pass for the new one's
+                try:
+                    await channel.get_msg(timeout=0)
+                except Empty:
+                    break
+        left = max(1.0, self.deadline - time.monotonic())
+        await self.kc.wait_for_ready(timeout=min(self.startup_timeout, left))  # iopub too
         await self._prelude(self.kc)
         for index, cell in enumerate(self.nb.cells[:died_in]):
             if index in self.graded or self.statuses.get(index) not in ("ok", "error"):
@@ -301,7 +332,7 @@ class SandboxedClient:
     def _lost_reply(self) -> dict | None:
         poll = self._poll
         output = poll.get("output")
-        if output is None or not output.done():
+        if output is None or not output.done() or output.cancelled() or output.exception():
             return None
         now = time.monotonic()
         poll.setdefault("idle", now)
@@ -311,7 +342,9 @@ class SandboxedClient:
             return None
         if "nudged" in poll and now - poll["nudged"] > REPLY_GRACE:
             cell = poll["cell"]
-            error = any(o.get("output_type") == "error" for o in cell.outputs)
+            error = self._capped == poll["index"] or any(
+                o.get("output_type") == "error" for o in cell.outputs
+            )
             self.events.append(
                 f"cell {poll['index']}: the kernel went idle but its execute_reply never came: "
                 "completed from its iopub messages"
@@ -407,13 +440,18 @@ class SandboxedClient:
         try:
             await super().async_execute_cell(cell, cell_index, execution_count, store_history)  # type: ignore[misc]
         except Exception as exc:  # the kernel died, or stopped answering after a timeout
+            what = f"{type(exc).__name__}: {exc}"
             if self.statuses.get(cell_index) == "timeout":
                 why = f"the cell ran past its limit of {self._limit(cell_index):g} s"
                 cell.outputs.append(_error("CellTimeoutError", why))
-            else:
+                self.killers.add(cell_index)
+            elif isinstance(exc, DeadKernelError) or not await self.km.is_alive():
                 self.statuses[cell_index] = "dead"
-                cell.outputs.append(_error("GraderKernelDied", f"{type(exc).__name__}: {exc}"))
-            self.killers.add(cell_index)
+                cell.outputs.append(_error("GraderKernelDied", what))
+                self.killers.add(cell_index)
+            else:  # the client gave up waiting (IOPub), the kernel lives on: no restart
+                self.statuses[cell_index] = "error"
+                cell.outputs.append(_error("GraderFailed", what))
         finally:
             cell.source = source
             self.seconds[cell_index] = time.monotonic() - started

@@ -228,10 +228,12 @@ def kernel_env(settings: Settings, runtime: Path) -> tuple[dict[str, str], str]:
     home, path = runtime / "home", runtime / "path"
     home.mkdir(exist_ok=True)
     path.mkdir(exist_ok=True)
-    (path / "course").symlink_to(course.resolve())
-    for src, rel in kernel_files():  # the drivers, where the sandbox mounts them
-        (path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (path / rel).symlink_to(src)
+    links = [("course", course.resolve()), *((rel, src) for src, rel in kernel_files())]
+    for rel, src in links:  # the course and the drivers, where the sandbox mounts them
+        link = path / rel
+        if not link.is_symlink():  # made by this kernel's first start already
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(src)
     env = {**os.environ, **_env(settings.limits, str(home), str(path))}
     env.update(MPLCONFIGDIR=str(home / ".mpl"), IPYTHONDIR=str(home / ".ipython"))
     env["JUPYTER_RUNTIME_DIR"] = str(home / ".runtime")
@@ -356,9 +358,10 @@ def execute(
 
     node = nbformat.from_dict(nb)
     limits = settings.limits
+    km = SandboxedKernelManager(settings)
     client = Client(
         node,
-        km=SandboxedKernelManager(settings),
+        km=km,
         allow_errors=True,
         interrupt_on_timeout=True,
         error_on_timeout={
@@ -382,4 +385,6 @@ def execute(
         client.execute()
     except Exception as exc:  # noqa: BLE001 - the sandbox failed: say why, run nothing more
         return {"cells": [], "events": [*client.events, f"the sandbox failed: {exc}"]}
+    finally:
+        client.release(km)
     return {"cells": client.answer_cells(node), "events": client.events}

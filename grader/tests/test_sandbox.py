@@ -292,6 +292,47 @@ def test_a_kernel_that_stops_answering_or_dies_is_restarted_and_the_cells_before
     assert not any("cell 0: the kernel stopped" in e for e in answer["events"])
 
 
+@pytest.mark.parametrize("mode", ["bwrap", "unsandboxed"])
+def test_a_restart_follows_no_link_the_notebook_planted_and_the_kernels_folder_goes(
+    tmp_path, monkeypatch, mode
+):
+    """A cell replaces the kernel's connection file (in the folder the sandbox may write: its
+    sockets) with a link to a file of the grader's, then ends its kernel: the restart writes a
+    new file and changes nothing through the link (as root it would chown the file to the
+    sandbox's uid), the next cell runs in the restarted kernel, and the kernel's folder is gone
+    after the notebook (nbclient leaves a kernel it was given running)."""
+    import os
+    import tempfile
+
+    if mode == "bwrap":
+        need_bwrap()
+    victim = tmp_path / "grader-secret"
+    victim.write_text("secret")
+    victim.chmod(0o600)
+    owner = victim.stat().st_uid
+    made: list[str] = []
+    real_mkdtemp = tempfile.mkdtemp
+
+    def mkdtemp(*args: object, **kwargs: object) -> str:
+        made.append(real_mkdtemp(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    plant = (
+        "import os\nfrom ipykernel.connect import get_connection_file\n"
+        f"path = get_connection_file()\nos.remove(path)\nos.symlink({str(victim)!r}, path)\n"
+        "os._exit(0)"
+    )
+    nb = new_notebook(cells=[new_code_cell("x = 41"), new_code_cell(plant), new_code_cell("x + 1")])
+    settings = Settings(limits=Limits(cell_timeout=30, notebook_timeout=120), mode=mode)
+    answer = sandbox.execute(json.loads(json.dumps(nb)), [], settings)
+    statuses = [c["status"] for c in answer["cells"]]
+    assert statuses == ["ok", "dead", "ok"], (statuses, answer["events"])
+    assert "42" in json.dumps(answer["cells"][2]["outputs"])
+    assert victim.stat().st_uid == owner and victim.read_text() == "secret"
+    assert made and not any(os.path.exists(folder) for folder in made), made
+
+
 # A kernel that loses one execute_reply, as ipykernel 7 rarely does (the grader's benchmark saw
 # one cell in 200 submissions go idle and never reply): the patch makes the kernel's session
 # hold back (or drop) the first reply that matches, its own cell's included.
