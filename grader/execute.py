@@ -107,26 +107,16 @@ class SandboxedExecute(SandboxedClient, Execute):
         begun = time.time()
         settings = keyed(Settings.from_env(os.environ[SANDBOX_ENV]))
         calibration = json.loads(os.environ.get(CELL_LIMITS_ENV) or "null")
-        limits = settings.limits
-        self.setup_grading(
-            graded_test_cells(nb),
-            cell_limits(nb, calibration) if calibration else {},
-            limits.cell_timeout,
-            limits.max_output,
-            limits.notebook_timeout,
-        )
-        self.lesson_files = settings.lesson_files
-        self.extra_arguments = ["--HistoryManager.hist_file=:memory:"]
-        self.shutdown_kernel = "immediate"  # the outputs are in: nothing of the kernel is kept
+        limits = cell_limits(nb, calibration) if calibration else {}
+        self.setup_grading(graded_test_cells(nb), limits, settings)
         why = ""
-        km = SandboxedKernelManager(settings)
         try:
-            nb, resources = super().preprocess(nb, resources, km=km)
+            nb, resources = super().preprocess(nb, resources, km=SandboxedKernelManager(settings))
         except Exception as exc:  # noqa: BLE001 - the kernel could not run: every test fails
             why = f"{type(exc).__name__}: {exc}"
             self.events.append(f"the sandbox failed: {why}")
         finally:
-            self.release(km)
+            self.release()
         statuses = fail_unfinished(nb, dict(self.statuses), why)
         statuses.update(judge(nb, resources, settings))
         for index in graded_test_cells(nb):

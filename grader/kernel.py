@@ -36,9 +36,8 @@ from grader import harness
 from grader.harness import MIME
 from grader.sandbox import Settings, kernel_command, kernel_env, real_interpreter, sandbox_uid
 
-#: The display output that carries a test's observations (``grader.harness.MIME``), and the most
-#: it may hold apart from the notebook's output cap.
-OBSERVATIONS = MIME
+#: The most a test's observations (``grader.harness.MIME``) may hold apart from the notebook's
+#: output cap.
 OBSERVATIONS_LIMIT = 32 * 1024 * 1024
 #: A shell poll waits at most this long: a new poll reads the socket's events at once, so a
 #: wake-up the client's zmq socket missed costs at most this (docs/grader-design.md).
@@ -152,30 +151,32 @@ class SandboxedKernelManager(AsyncKernelManager):
             return 0
         tree = descendants(pid)
         kernel = next((p for p in tree if _is_kernel(p)), None)
-        victims = [p for p in descendants(kernel)] if kernel else []
-        for p in victims:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        victims = descendants(kernel) if kernel else []
+        _kill(victims)
         return len(victims)
 
     async def _async_kill_kernel(self, restart: bool = False) -> None:
         pid = self.pid
         tree = descendants(pid) if pid else []
         await super()._async_kill_kernel(restart=restart)
-        for p in tree:  # anything that outlived the sandbox's own end (unsandboxed)
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill(tree)  # anything that outlived the sandbox's own end (unsandboxed)
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
-        await super()._async_cleanup_resources(restart=restart)
-        if not restart:
-            shutil.rmtree(self.runtime, ignore_errors=True)
+        try:
+            await super()._async_cleanup_resources(restart=restart)
+        finally:
+            if not restart:
+                shutil.rmtree(self.runtime, ignore_errors=True)
 
     cleanup_resources = _async_cleanup_resources
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _is_kernel(pid: int) -> bool:
@@ -189,31 +190,29 @@ def _is_kernel(pid: int) -> bool:
 class SandboxedClient:
     """What the grader adds to an nbclient ``NotebookClient`` (mixed in before it).
 
-    Set before executing: :attr:`graded` (indices of graded test cells), :attr:`cell_limits`
-    (index -> seconds), :attr:`max_output`, :attr:`deadline` (``time.monotonic()`` by which
-    the notebook must be done). After: :attr:`statuses` (index -> ``ok``, ``error``,
-    ``timeout``, ``dead`` or ``not-run``) and :attr:`events`.
+    :meth:`setup_grading` before executing, :meth:`release` after. Then :attr:`statuses`
+    (index -> ``ok``, ``error``, ``timeout``, ``dead`` or ``not-run``) and :attr:`events` say what
+    happened.
     """
 
     graded: set[int]
     cell_limits: dict[int, float]
     max_output: int
     deadline: float
-    lesson_files: str | None
 
     def setup_grading(
-        self,
-        graded: set[int],
-        cell_limits: dict[int, float],
-        default_limit: float,
-        max_output: int,
-        notebook_timeout: float,
+        self, graded: set[int], cell_limits: dict[int, float], settings: Settings
     ) -> None:
+        """Grade under ``settings``' limits; ``cell_limits`` (cell index -> seconds, from
+        :mod:`grader.calibrate`) override its cell timeout for those cells."""
+        limits = settings.limits
         self.graded = set(graded)
         self.cell_limits = dict(cell_limits)
-        self.default_limit = default_limit
-        self.max_output = max_output
-        self.deadline = time.monotonic() + notebook_timeout
+        self.default_limit = limits.cell_timeout
+        self.max_output = limits.max_output
+        self.deadline = time.monotonic() + limits.notebook_timeout
+        self.extra_arguments = ["--HistoryManager.hist_file=:memory:"]
+        self.shutdown_kernel = "immediate"  # the outputs are in: nothing of the kernel is kept
         self.statuses: dict[int, str] = {}
         self.seconds: dict[int, float] = {}
         self.events: list[str] = []
@@ -234,15 +233,13 @@ class SandboxedClient:
     def execute_cell(self, *args: Any, **kwargs: Any) -> Any:
         return run_sync(self.async_execute_cell)(*args, **kwargs)
 
-    def release(self, km: SandboxedKernelManager) -> None:
+    def release(self) -> None:
         """Shut the kernel down and remove its folder: nbclient leaves a kernel it was given."""
         try:
             if self.km is not None:
                 self._cleanup_kernel()
         except Exception as exc:  # noqa: BLE001 - the notebook is done: say so, lose nothing
             self.events.append(f"the kernel's shutdown failed: {type(exc).__name__}: {exc}")
-        finally:
-            shutil.rmtree(km.runtime, ignore_errors=True)
 
     def _index(self, cell: Any) -> int:
         return next((i for i, c in enumerate(self.nb.cells) if c is cell), -1)
@@ -277,7 +274,8 @@ class SandboxedClient:
         return kc
 
     async def _prelude(self, kc: Any) -> None:
-        lesson = "/opt/lesson" if self.km.settings.mode == "bwrap" else self.lesson_files
+        settings = self.km.settings
+        lesson = "/opt/lesson" if settings.mode == "bwrap" else settings.lesson_files
         code = PRELUDE % {"lesson": lesson or "/nonexistent"}
         why = await self._quietly(kc, code, min(120, max(1.0, self.deadline - time.monotonic())))
         if why:
@@ -478,12 +476,12 @@ class SandboxedClient:
 
     def output(self, outs: list, msg: dict, display_id: str, cell_index: int) -> Any:
         data = (msg.get("content") or {}).get("data") or {}
-        first = next((o for o in outs if OBSERVATIONS in (o.get("data") or {})), None)
+        first = next((o for o in outs if MIME in (o.get("data") or {})), None)
         if (
             cell_index in self.graded
             and first is None
-            and OBSERVATIONS in data
-            and len(str(data[OBSERVATIONS])) <= OBSERVATIONS_LIMIT
+            and MIME in data
+            and len(str(data[MIME])) <= OBSERVATIONS_LIMIT
         ):
             return super().output(outs, msg, display_id, cell_index)  # type: ignore[misc]
         room = self.max_output - sum(len(json.dumps(o)) for o in outs if o is not first)

@@ -357,11 +357,9 @@ def execute(
         pass
 
     node = nbformat.from_dict(nb)
-    limits = settings.limits
-    km = SandboxedKernelManager(settings)
     client = Client(
         node,
-        km=km,
+        km=SandboxedKernelManager(settings),
         allow_errors=True,
         interrupt_on_timeout=True,
         error_on_timeout={
@@ -369,22 +367,13 @@ def execute(
             "evalue": "",
             "traceback": ["CellTimeoutError: the cell ran past its time limit"],
         },
-        extra_arguments=["--HistoryManager.hist_file=:memory:"],
         record_timing=False,
-        shutdown_kernel="immediate",
     )
-    client.setup_grading(
-        set(graded),
-        cell_timeouts or {},
-        limits.cell_timeout,
-        limits.max_output,
-        limits.notebook_timeout,
-    )
-    client.lesson_files = settings.lesson_files
+    client.setup_grading(set(graded), cell_timeouts or {}, settings)
     try:
         client.execute()
     except Exception as exc:  # noqa: BLE001 - the sandbox failed: say why, run nothing more
         return {"cells": [], "events": [*client.events, f"the sandbox failed: {exc}"]}
     finally:
-        client.release(km)
+        client.release()
     return {"cells": client.answer_cells(node), "events": client.events}
