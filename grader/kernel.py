@@ -398,6 +398,9 @@ class SandboxedClient:
         if not await self._answers(INTERRUPT_GRACE):
             self.events.append(f"cell {index}: the kernel stopped answering after its time limit")
             self.killers.add(index)  # restarted when the cell ends (async_execute_cell)
+            # Its outputs will not end either: nbclient cancels their task on this error, where
+            # a reply would have it wait IOPUB_GRACE for them.
+            raise RuntimeError("the kernel stopped answering after its time limit")
         return reply
 
     async def _answers(self, within: float) -> bool:
