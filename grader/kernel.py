@@ -72,23 +72,29 @@ del _grader_prelude
 """
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid``, read from ``/proc`` (children before their own children)."""
-    children: dict[int, list[int]] = {}
+def descendants(pid: int) -> dict[int, str]:
+    """Every process below ``pid``, read from ``/proc`` (children before their own children),
+    with its start time: a PID the system gave to another process since has another."""
+    children: dict[int, list[tuple[int, str]]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            parent = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(parent, []).append(int(entry))
-    found, todo = [], list(children.get(pid, []))
+            fields = _stat(int(entry))
+            if fields:
+                children.setdefault(int(fields[1]), []).append((int(entry), fields[19]))
+    found, todo = {}, list(children.get(pid, []))
     while todo:
-        child = todo.pop(0)
-        found.append(child)
+        child, started = todo.pop(0)
+        found[child] = started
         todo += children.get(child, [])
     return found
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command's name (state first), or none."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
 
 
 class SandboxedKernelManager(AsyncKernelManager):
@@ -151,13 +157,13 @@ class SandboxedKernelManager(AsyncKernelManager):
             return 0
         tree = descendants(pid)
         kernel = next((p for p in tree if _is_kernel(p)), None)
-        victims = descendants(kernel) if kernel else []
+        victims = descendants(kernel) if kernel else {}
         _kill(victims)
         return len(victims)
 
     async def _async_kill_kernel(self, restart: bool = False) -> None:
         pid = self.pid
-        tree = descendants(pid) if pid else []
+        tree = descendants(pid) if pid else {}
         await super()._async_kill_kernel(restart=restart)
         _kill(tree)  # anything that outlived the sandbox's own end (unsandboxed)
 
@@ -171,12 +177,15 @@ class SandboxedKernelManager(AsyncKernelManager):
     cleanup_resources = _async_cleanup_resources
 
 
-def _kill(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def _kill(processes: dict[int, str]) -> None:
+    """SIGKILL each process of ``descendants`` that is still the one listed."""
+    for pid, started in processes.items():
+        fields = _stat(pid)
+        if fields and fields[19] == started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _is_kernel(pid: int) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import zipfile
 
 import nbformat
@@ -155,3 +156,39 @@ def test_no_code_over_20_lines_is_kept_as_a_string():
             if (path.name, names.get(id(node))) not in WRITTEN_FILES and code.body:
                 found.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}")
     assert not found, f"Python code kept as a string (make it a module): {found}"
+
+
+def test_a_kill_spares_a_process_that_is_no_longer_the_one_listed():
+    """The kernel's processes are listed before its shutdown and killed after: a PID the system
+    gave to another process in between (its start time differs) is left alone."""
+    import subprocess
+    import sys
+
+    from grader.kernel import _kill, _stat, descendants
+
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time;subprocess.Popen(['sleep', '60']); time.sleep(60)",
+        ]
+    )
+    try:
+        for _ in range(100):
+            tree = descendants(parent.pid)
+            if tree:
+                break
+            time.sleep(0.05)
+        ((child, started),) = tree.items()
+        _kill({child: str(int(started) + 1)})  # as if the PID now named a later process
+        time.sleep(0.2)
+        assert _stat(child)[0] not in ("Z", "X"), "a process that was not listed was killed"
+        _kill(tree)
+        for _ in range(100):
+            if _stat(child)[:1] in ([], ["Z"]):  # gone, or dead and not yet reaped
+                break
+            time.sleep(0.05)
+        assert _stat(child)[:1] in ([], ["Z"])
+    finally:
+        parent.kill()
+        parent.wait()
