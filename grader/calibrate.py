@@ -29,7 +29,7 @@ from grader.cells import (
     timeouts_from_answer,
 )
 from grader.sandbox import Limits, Settings, course_dir, execute
-from grader.settings import default
+from grader.settings import configured, default
 
 __all__ = [
     "calibrate",
@@ -86,10 +86,9 @@ def measure(
     workers: int | None = None,
     mode: str = "bwrap",
     runs: int = 1,
-    cell_timeout: float = Limits.cell_timeout,
-    notebook_timeout: float = Limits.notebook_timeout,
 ) -> tuple[list[dict], int]:
-    """Run the solution ``runs`` times as autograde runs a submission; per-cell times.
+    """Run the solution ``runs`` times under the course's limits (``GraderSettings``), as
+    autograde runs a submission; per-cell times.
 
     Returns the measured cells (the slowest run of each) and the BLAS/OpenMP thread count used.
     Raises ``RuntimeError`` if a cell of the solution does not run cleanly (its time would mean
@@ -99,7 +98,7 @@ def measure(
     nb = nbformat.read(path, as_version=4)
     workers = max(1, workers or os.cpu_count() or 1)
     threads = max(1, (os.cpu_count() or 1) // workers)
-    limits = Limits(cell_timeout=cell_timeout, notebook_timeout=notebook_timeout, threads=threads)
+    limits = Limits.of(configured(root), threads=threads)
     extra = [p for p in path.parent.iterdir() if p.suffix != ".ipynb" and p.name[0] != "."]
     settings = Settings(
         limits=limits,

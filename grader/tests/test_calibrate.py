@@ -208,6 +208,26 @@ def test_calibrate_refuses_a_solution_that_fails(tmp_path, capsys):
     assert not calibration_path(root, LESSON).exists()
 
 
+def test_calibrate_measures_under_the_courses_limits(tmp_path, monkeypatch):
+    """A course's ``c.GraderSettings`` (here less memory and fewer processes) is what the solution
+    is timed under, as autograde would run it, not the built-in defaults."""
+    import grader.calibrate
+    from grader.tests.conftest import make_course
+
+    root = make_course(tmp_path / "course")
+    with (root / "nbgrader_config.py").open("a") as config:
+        config.write("c.GraderSettings.memory_mb = 3000\nc.GraderSettings.nproc = 77\n")
+    seen = []
+
+    def execute(nb, graded, settings):
+        seen.append(settings.limits)
+        raise OSError("measured nothing")
+
+    monkeypatch.setattr(grader.calibrate, "execute", execute)
+    assert main(["calibrate", LESSON, "--root", str(root), "--unsandboxed"]) == 2
+    assert (seen[0].memory_mb, seen[0].nproc) == (3000, 77)
+
+
 def _grader_imports(module: str) -> tuple[set[str], set[str]]:
     """The grader modules ``module`` imports: at module top, and inside functions."""
     import ast
