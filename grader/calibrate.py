@@ -1,7 +1,8 @@
 """Per-cell time limits calibrated from the solution, measured on the grading machine.
 
-``python -m grader calibrate ID`` executes ``solutions/ID/ID.ipynb`` as ``autograde`` executes a
-submission and times every code cell. A cell's limit is ``factor`` x its slowest measured time,
+``python -m grader calibrate ID`` executes ``solutions/ID/ID.ipynb`` in the kernel ``autograde``
+uses (:func:`grader.sandbox.execute`: the sandbox, the course's limits, the harness; no nbgrader,
+no judges) and times every code cell. A cell's limit is ``factor`` x its slowest measured time,
 at least ``floor`` s, written to ``.grader/ID/calibration.json``. A submission's cell gets the
 limit of the solution's cell with the same grade id, else with the same source, else
 ``other_limit_s``; the notebook's limit is the sum of the solution's cells' limits.

@@ -542,9 +542,10 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
         "calibrate",
         help="time the solution on this machine: per-cell limits for autograde",
         description="Execute the lesson's solution as autograde executes a submission (same "
-        "sandbox, threads and restores) and store per-cell time limits, FACTOR x the measured "
-        "time and at least FLOOR seconds, in .grader/ID/calibration.json. autograde uses them "
-        "unless --cell-timeout or --no-calibration is given. Run it on the grading machine.",
+        "sandbox, limits, threads and harness) and store per-cell time limits, FACTOR x the "
+        "measured time and at least FLOOR seconds, in .grader/ID/calibration.json. autograde "
+        "uses them unless --cell-timeout or --no-calibration is given. Run it on the grading "
+        "machine.",
     )
     p.add_argument("lesson", help="lesson id")
     _setting(p, "calibration_factor", flag="--factor")

@@ -7,8 +7,8 @@ reference, compares with what the driver observed, in its order, and raises
 ``course.checks.CheckFailed`` (the student's message) when the answer is wrong.
 :func:`apply_judges` takes each graded test cell's observations out of an executed notebook; a
 judge's failure, missing or duplicated observations, or observations without a judge become an
-error output, which nbgrader scores 0. Of ``grader/`` the sandbox mounts only the drivers and
-their inputs (:func:`grader.lessons.kernel_files`), never a judge.
+error output, which nbgrader scores 0. Of ``grader/`` the sandbox mounts only the harness, the
+observer, the drivers and their inputs (:func:`grader.lessons.kernel_files`), never a judge.
 """
 
 from __future__ import annotations

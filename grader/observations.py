@@ -1,9 +1,9 @@
 """Observations as the grader reads them: the records a driver made, decoded without running code.
 
-A test cell's driver (:mod:`grader.observe`) sends its observations as one display output of type
-:data:`MIME`; :func:`decode` loads each record with ``torch.load(weights_only=True)`` (tensors and
-plain containers only: nothing the student's code made can run here) and a judge
-(:mod:`grader.judge`) reads them in the driver's order.
+A test cell's driver (its observer: :mod:`grader.lessons.observer`) sends its observations as
+one display output of type :data:`MIME`; :func:`decode` loads each record with
+``torch.load(weights_only=True)`` (tensors and plain containers only: nothing the student's code
+made can run here) and a judge (:mod:`grader.judge`) reads them in the driver's order.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A hidden test's driver (a lesson's ``inputs.py``, or the hidden part of a test c
 ``solutions/``) builds its inputs from ``course.checks.hidden_seed``, calls the student's functions
 through ``obs = __grader_driver__(exercise, seed)`` (``obs.call``, ``obs.raises``,
 ``obs.record``, ``obs.done``) and so records what they did.
-The observer (``grader/lessons/observer.py``, compiled in the kernel by the harness) copies each
+The observer (``grader/lessons/observer.py``, which the harness imports in the kernel) copies each
 value at once into plain data serialised with ``torch.save``; the observations leave the kernel as
 one display output of type :data:`MIME`, which :mod:`grader.observations` decodes and
 :mod:`grader.judge` judges outside the kernel. Where no harness provides ``__grader_driver__``

@@ -2,10 +2,11 @@
 
 :class:`GraderSettings` holds the limits a submission runs under. It is a traitlets
 ``Configurable``: a course changes a limit in its ``nbgrader_config.py``
-(``c.GraderSettings.cell_timeout = 600``), where plain ``nbgrader autograde`` reads it too
-(``grader/nbgrader_config.py``), and the command line's defaults are read from it
-(:func:`configured`). The environment variables that carry settings from the grader to the
-processes it starts are named here and nowhere else.
+(``c.GraderSettings.cell_timeout = 600``) and the command line's defaults are read from it
+(:func:`configured`). Plain ``nbgrader autograde`` reads only ``cell_timeout``, as its
+``Execute.timeout`` (``grader/nbgrader_config.py``), when it is set before that file is loaded.
+The environment variables that carry settings from the grader to the processes it starts are
+named here and nowhere else.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class GraderSettings(Configurable):
     fsize_mb = Int(64, help="largest file a submission writes, MiB").tag(config=True)
     tmpfs_mb = Int(512, help="size of each of the sandbox's private folders, MiB").tag(config=True)
     max_output = Int(
-        1_000_000, help="bytes of output a notebook may print; the rest is dropped as it runs"
+        1_000_000, help="bytes of output a cell may print; the rest is dropped as it runs"
     ).tag(config=True)
     uid_base = Int(200_000, help="first unprivileged uid of the sandboxes (one per slot)").tag(
         config=True
