@@ -150,7 +150,7 @@ def stalls(results: Path, timing: Path | None) -> list[str]:
     return found
 
 
-#: The events of a cell whose execute_reply was late or lost (grader/kernel.py, POLL_SLICE and
+#: The events of a cell whose execute_reply was late or lost (course.selfcheck.RecoversLostReplies,
 #: REPLY_GRACE).
 LOST_REPLY = (
     "its execute_reply came only after",

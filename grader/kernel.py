@@ -5,10 +5,11 @@
 sandbox (it has no network). The kernel gets no ``JPY_PARENT_PID`` (its parent is outside its PID
 namespace: it would think it orphaned and exit) and is interrupted by message (a SIGINT to
 bubblewrap would take it down). :class:`SandboxedClient` is what nbclient adds: per-cell limits
-(``timeout_func``), a notebook deadline, output capped in bytes as the cell runs, the shell channel
-polled in slices, a reply lost after ``idle`` recovered, graded test cells run through the
-harness (:mod:`grader.harness`), the kernel's processes killed at a timeout, and a kernel that died
-or stopped answering restarted with the cells before run again.
+(``timeout_func``), a notebook deadline, output capped in bytes as the cell runs, the channels
+polled in slices and a reply lost after ``idle`` recovered (as in the seam and the check:
+:class:`course.selfcheck.RecoversLostReplies`), graded test cells run through the harness
+(:mod:`grader.harness`), the kernel's processes killed at a timeout, and a kernel that died or
+stopped answering restarted with the cells before run again.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 from nbclient.exceptions import DeadKernelError
 
-from course.selfcheck import poll_in_slices
+from course.selfcheck import RecoversLostReplies
 from grader import harness
 from grader.harness import MIME
 from grader.sandbox import Settings, kernel_command, kernel_env, real_interpreter, sandbox_uid
@@ -39,12 +40,6 @@ from grader.sandbox import Settings, kernel_command, kernel_env, real_interprete
 #: The most a test's observations (``grader.harness.MIME``) may hold apart from the notebook's
 #: output cap.
 OBSERVATIONS_LIMIT = 32 * 1024 * 1024
-#: A shell poll waits at most this long: a new poll reads the socket's events at once, so a
-#: wake-up the client's zmq socket missed costs at most this (docs/grader-design.md).
-POLL_SLICE = 1.0
-#: How long after ``idle`` a missing ``execute_reply`` is waited for, before a nudge and again
-#: before the cell is completed from what iopub delivered.
-REPLY_GRACE = 5.0
 #: How long a kernel has to answer after a timeout's interrupt before it is killed.
 INTERRUPT_GRACE = 10.0
 #: How long the outputs of a cell that replied may take to arrive.
@@ -196,7 +191,7 @@ def _is_kernel(pid: int) -> bool:
     return argv[1:3] == [b"-m", b"ipykernel_launcher"]  # not bubblewrap's, which names it too
 
 
-class SandboxedClient:
+class SandboxedClient(RecoversLostReplies):
     """What the grader adds to an nbclient ``NotebookClient`` (mixed in before it).
 
     :meth:`setup_grading` before executing, :meth:`release` after. Then :attr:`statuses`
@@ -234,11 +229,8 @@ class SandboxedClient:
         # ran is never failed for that (nbgrader's config waits 4 s, then raises).
         self.iopub_timeout = max(self.iopub_timeout, IOPUB_GRACE)
 
-    # nbclient's synchronous entry points (what nbconvert's Execute calls) are bound to its own
-    # coroutines: route them through this class's.
-    def start_new_kernel_client(self) -> Any:
-        return run_sync(self.async_start_new_kernel_client)()
-
+    # nbclient's synchronous entry point (what nbconvert's Execute calls) is bound to its own
+    # coroutine: route it through this class's.
     def execute_cell(self, *args: Any, **kwargs: Any) -> Any:
         return run_sync(self.async_execute_cell)(*args, **kwargs)
 
@@ -249,9 +241,6 @@ class SandboxedClient:
                 self._cleanup_kernel()
         except Exception as exc:  # noqa: BLE001 - the notebook is done: say so, lose nothing
             self.events.append(f"the kernel's shutdown failed: {type(exc).__name__}: {exc}")
-
-    def _index(self, cell: Any) -> int:
-        return next((i for i, c in enumerate(self.nb.cells) if c is cell), -1)
 
     def _limit(self, index: int) -> float:
         return self.cell_limits.get(index, self.default_limit)
@@ -276,9 +265,7 @@ class SandboxedClient:
         ]
 
     async def async_start_new_kernel_client(self) -> Any:
-        kc = await super().async_start_new_kernel_client()  # type: ignore[misc]
-        self._slice_shell(kc.shell_channel)
-        poll_in_slices(kc.iopub_channel, POLL_SLICE)
+        kc = await super().async_start_new_kernel_client()
         await self._prelude(kc)
         return kc
 
@@ -332,67 +319,11 @@ class SandboxedClient:
         )
         return ""
 
-    def _slice_shell(self, channel: Any) -> None:
-        """Poll the shell channel in slices; complete a cell whose reply was lost after idle."""
-        poll_in_slices(channel, POLL_SLICE, idle=self._lost_reply)
+    def recovered(self, text: str) -> None:
+        self.events.append(text)
 
-    def _lost_reply(self) -> dict | None:
-        poll = self._poll
-        output = poll.get("output")
-        if output is None or not output.done() or output.cancelled() or output.exception():
-            return None
-        now = time.monotonic()
-        poll.setdefault("idle", now)
-        if "nudged" not in poll and now - poll["idle"] > REPLY_GRACE:
-            poll["nudged"] = now
-            self.kc.kernel_info()
-            return None
-        if "nudged" in poll and now - poll["nudged"] > REPLY_GRACE:
-            cell = poll["cell"]
-            error = self._capped == poll["index"] or any(
-                o.get("output_type") == "error" for o in cell.outputs
-            )
-            self.events.append(
-                f"cell {poll['index']}: the kernel went idle but its execute_reply never came: "
-                "completed from its iopub messages"
-            )
-            self._poll = {}
-            status = "error" if error else "ok"
-            content = {"status": status, "execution_count": cell.get("execution_count")}
-            if error:
-                content.update(ename="Error", evalue="", traceback=[])
-            return {
-                "msg_type": "execute_reply",
-                "parent_header": {"msg_id": poll["msg_id"]},
-                "header": {"msg_type": "execute_reply"},
-                "metadata": {},
-                "content": content,
-            }
-        return None
-
-    async def _async_poll_for_reply(
-        self, msg_id, cell, timeout, task_poll_output_msg, task_poll_kernel_alive
-    ):  # type: ignore[no-untyped-def]
-        self._poll = {
-            "msg_id": msg_id,
-            "cell": cell,
-            "output": task_poll_output_msg,
-            "index": self._index(cell),
-        }
-        try:
-            reply = await super()._async_poll_for_reply(  # type: ignore[misc]
-                msg_id, cell, timeout, task_poll_output_msg, task_poll_kernel_alive
-            )
-            poll = self._poll  # emptied where the reply was made up (_lost_reply)
-            if poll.get("nudged"):
-                self.events.append(
-                    f"cell {poll['index']}: its execute_reply came only after the shell "
-                    f"channel was nudged, {time.monotonic() - poll['idle']:.1f} s after the "
-                    "kernel went idle"
-                )
-            return reply
-        finally:
-            self._poll = {}
+    def made_up_error(self, index: int, cell: Any) -> bool:
+        return self._capped == index or super().made_up_error(index, cell)
 
     async def _async_handle_timeout(self, timeout: int, cell: Any = None) -> Any:
         index = self._index(cell)

@@ -13,7 +13,7 @@ from grader import REPO_ROOT, sandbox
 from grader.execute import fail_unfinished, graded_test_cells
 from grader.lessons import kernel_files
 from grader.sandbox import Limits, SandboxUnavailable, Settings, require_isolation
-from grader.tests.conftest import need_bwrap
+from grader.tests.conftest import LOSE_REPLY, need_bwrap
 
 PROBE = r"""
 import json, os, socket, resource, subprocess
@@ -333,29 +333,6 @@ def test_a_restart_follows_no_link_the_notebook_planted_and_the_kernels_folder_g
     assert made and not any(os.path.exists(folder) for folder in made), made
 
 
-# A kernel that loses one execute_reply, as ipykernel 7 rarely does (the grader's benchmark saw
-# one cell in 200 submissions go idle and never reply): the patch makes the kernel's session
-# hold back (or drop) the first reply that matches, its own cell's included.
-_LOSE_REPLY = """
-import functools
-_kernel = get_ipython().kernel
-_send, _held = _kernel.session.send, []
-
-def _losing_send(stream, msg_type, *args, **kwargs):
-    parent = args[1] if len(args) > 1 else kwargs.get("parent") or {}
-    if msg_type == "execute_reply" and not _held and MATCH(parent):
-        _held.append((stream, msg_type, args, kwargs))
-        return {"content": args[0]}
-    if msg_type == "kernel_info_reply" and _held and HELD_UNTIL_NUDGED and _held[0]:
-        stream_, type_, args_, kwargs_ = _held[0]
-        _held[0] = None
-        _send(stream_, type_, *args_, **kwargs_)
-    return _send(stream, msg_type, *args, **kwargs)
-
-_kernel.session.send = _losing_send
-"""
-
-
 def _graded(source: str, grade_id: str):
     cell = new_code_cell(source)
     cell.metadata["nbgrader"] = {
@@ -375,10 +352,10 @@ def test_a_cell_whose_reply_is_lost_after_idle_is_completed_without_waiting_its_
     seconds instead of the cell's limit."""
     need_bwrap()
     if nudged:  # the patch cell's own reply, held until a kernel_info_request arrives
-        patch = _LOSE_REPLY.replace("MATCH(parent)", "True").replace("HELD_UNTIL_NUDGED", "True")
+        patch = LOSE_REPLY.replace("MATCH(parent)", "True").replace("HELD_UNTIL_NUDGED", "True")
         cells = [new_code_cell(patch), new_code_cell("print(6 * 7)")]
     else:  # the graded test's reply (the one with the verdict), dropped for good
-        patch = _LOSE_REPLY.replace(
+        patch = LOSE_REPLY.replace(
             "MATCH(parent)", "'f()' + ' == 1' in parent['content'].get('code', '')"
         ).replace("HELD_UNTIL_NUDGED", "False")
         cells = [

@@ -129,3 +129,38 @@ def test_every_way_of_starting_the_kernel_polls_both_channels_in_slices():
 
     Recording(nb, kernel_name="python3", timeout=60).execute()
     assert seen == [[1.0, 1.0]]
+
+
+def test_the_check_and_the_seam_complete_a_cell_whose_reply_is_lost(tmp_path):
+    """The kernel goes idle for a test cell and its execute_reply never comes (see
+    ``LOSE_REPLY``): the check and the suite's seam complete the cell from what IOPub showed
+    (here: passed) in seconds, as the grader does, instead of waiting out the cell's limit."""
+    import time
+
+    from grader.seam import LessonKernel
+    from grader.tests.conftest import LOSE_REPLY
+
+    lose = LOSE_REPLY.replace(
+        "MATCH(parent)", "'double(3)' in parent['content'].get('code', '')"
+    ).replace("HELD_UNTIL_NUDGED", "False")
+    nb = nbformat.v4.new_notebook()
+    answer = nbformat.v4.new_code_cell("def double(x):\n    return 2 * x")
+    answer.metadata["nbgrader"] = {"grade": False, "solution": True, "grade_id": "double"}
+    test = nbformat.v4.new_code_cell("assert double(3) == 6")
+    test.metadata["nbgrader"] = {
+        "grade": True,
+        "solution": False,
+        "grade_id": "double_tests",
+        "points": 1,
+    }
+    nb.cells = [nbformat.v4.new_code_cell(lose), answer, test, nbformat.v4.new_code_cell("6 * 7")]
+    path = tmp_path / "90-lost.ipynb"
+    nbformat.write(nb, path)
+    started = time.monotonic()
+    results = check_notebook(path, timeout=120)
+    assert [(r.exercise, r.status) for r in results] == [("double", "passed")]
+    with LessonKernel(path, timeout=120) as kernel:
+        assert kernel.scores()["double_tests"] == (1.0, 1.0, True)
+        assert kernel.executed.cells[-1].outputs[0]["data"]["text/plain"] == "42"
+    took = time.monotonic() - started
+    assert took < 80, f"{took:.0f} s: a lost reply was waited for (the limit is 120 s)"
