@@ -179,7 +179,7 @@ class RecoversLostReplies:
     # nbclient's synchronous name wraps the base class's coroutine when the class is made, so
     # ``setup_kernel`` (the suite's seam) and nbgrader's Execute would bypass the override below.
     def start_new_kernel_client(self) -> Any:
-        from jupyter_core.utils import run_sync
+        from nbclient.util import run_sync
 
         return run_sync(self.async_start_new_kernel_client)()
 
