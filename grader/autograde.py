@@ -37,7 +37,7 @@ from grader.keys import ensure_key, kernel_env
 from grader.nbtools import nbgrader, tool_env
 from grader.release import copy_course_skeleton
 from grader.sandbox import Limits, Settings, course_dir
-from grader.settings import CELL_LIMITS_ENV, EVENTS_ENV, SANDBOX_ENV
+from grader.settings import CELL_LIMITS_ENV, EVENTS_ENV, SANDBOX_ENV, configured
 
 #: Student ids that are safe as folder names (no path characters, no leading dot).
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,99}$")
@@ -678,6 +678,7 @@ def autograde(
     ensure_assignment(root, lesson, db_url)  # cheap when the gradebook already has it
     course_key = ensure_key(root)  # hidden tests' seeds: see grader/keys.py
     course_code = str(course_dir(root))  # the course's own package, not another checkout's
+    uid_base = configured(root).uid_base
 
     todo: dict[str, Path] = {}
     for student, nb in sorted(submissions.items()):
@@ -711,6 +712,7 @@ def autograde(
                 lesson_files=str(template.lesson_files),
                 kernel_env=kernel_env(course_key, student),
                 course_dir=course_code,
+                uid_base=uid_base,
             )
             return grade_one(template, student, nb, settings, work, calibration)
         finally:

@@ -99,13 +99,15 @@ def measure(
     nb = nbformat.read(path, as_version=4)
     workers = max(1, workers or os.cpu_count() or 1)
     threads = max(1, (os.cpu_count() or 1) // workers)
-    limits = Limits.of(configured(root), threads=threads)
+    course = configured(root)
+    limits = Limits.of(course, threads=threads)
     extra = [p for p in path.parent.iterdir() if p.suffix != ".ipynb" and p.name[0] != "."]
     settings = Settings(
         limits=limits,
         mode=mode,
         lesson_files=str(path.parent) if extra else None,
         course_dir=str(course_dir(root)),
+        uid_base=course.uid_base,
     )
     slowest: dict[int, float] = {}
     for _ in range(max(1, runs)):

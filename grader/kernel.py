@@ -173,14 +173,21 @@ class SandboxedKernelManager(AsyncKernelManager):
 
 
 def _kill(processes: dict[int, str]) -> None:
-    """SIGKILL each process of ``descendants`` that is still the one listed."""
+    """SIGKILL each process of ``descendants`` that is still the one listed: a pidfd holds the
+    process while its start time is compared, so a PID reused meanwhile is never hit."""
     for pid, started in processes.items():
-        fields = _stat(pid)
-        if fields and fields[19] == started:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        try:
+            handle = os.pidfd_open(pid)
+        except OSError:  # gone already
+            continue
+        try:
+            fields = _stat(pid)
+            if fields and fields[19] == started:
+                signal.pidfd_send_signal(handle, signal.SIGKILL)
+        except OSError:
+            pass
+        finally:
+            os.close(handle)
 
 
 def _is_kernel(pid: int) -> bool:

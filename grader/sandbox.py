@@ -70,6 +70,8 @@ class Settings:
     kernel_env: dict[str, str] = field(default_factory=dict)
     #: the ``course`` package the kernel imports (:func:`course_dir`; ``None``: the installed one)
     course_dir: str | None = None
+    #: the first sandbox uid (slot 0's; ``GRADER_UID_BASE`` in the environment moves it)
+    uid_base: int = default("uid_base")  # type: ignore[assignment]
 
     def to_env(self) -> str:
         data = asdict(self)
@@ -206,7 +208,7 @@ def sandbox_uid(settings: Settings) -> int | None:
     (rlimits on processes count per uid), else ``None``."""
     if settings.mode != "bwrap" or os.geteuid() != 0:
         return None
-    return int(os.environ.get(UID_BASE_ENV) or default("uid_base")) + settings.slot
+    return int(os.environ.get(UID_BASE_ENV) or settings.uid_base) + settings.slot
 
 
 def kernel_command(settings: Settings, kernel: list[str], runtime: Path) -> list[str]:

@@ -4,7 +4,7 @@
 ``Configurable``: a course changes a limit in its ``nbgrader_config.py``
 (``c.GraderSettings.cell_timeout = 600``) and the command line's defaults are read from it
 (:func:`configured`). Plain ``nbgrader autograde`` reads only ``cell_timeout``, as its
-``Execute.timeout`` (``grader/nbgrader_config.py``), when it is set before that file is loaded.
+``Execute.timeout`` (``grader/nbgrader_config.py``), when it is set above the line that reads it.
 The environment variables that carry settings from the grader to the processes it starts are
 named here and nowhere else.
 """

@@ -211,21 +211,32 @@ def test_calibrate_refuses_a_solution_that_fails(tmp_path, capsys):
 def test_calibrate_measures_under_the_courses_limits(tmp_path, monkeypatch):
     """A course's ``c.GraderSettings`` (here less memory and fewer processes) is what the solution
     is timed under, as autograde would run it, not the built-in defaults."""
+    import os
+
     import grader.calibrate
+    from grader.sandbox import sandbox_uid
     from grader.tests.conftest import make_course
 
     root = make_course(tmp_path / "course")
     with (root / "nbgrader_config.py").open("a") as config:
-        config.write("c.GraderSettings.memory_mb = 3000\nc.GraderSettings.nproc = 77\n")
+        config.write(
+            "c.GraderSettings.memory_mb = 3000\nc.GraderSettings.nproc = 77\n"
+            "c.GraderSettings.uid_base = 300000\n"
+        )
     seen = []
 
     def execute(nb, graded, settings):
-        seen.append(settings.limits)
+        seen.append(settings)
         raise OSError("measured nothing")
 
     monkeypatch.setattr(grader.calibrate, "execute", execute)
+    monkeypatch.delenv("GRADER_UID_BASE", raising=False)
     assert main(["calibrate", LESSON, "--root", str(root), "--unsandboxed"]) == 2
-    assert (seen[0].memory_mb, seen[0].nproc) == (3000, 77)
+    limits = seen[0].limits
+    assert (limits.memory_mb, limits.nproc, seen[0].uid_base) == (3000, 77, 300000)
+    seen[0].mode, seen[0].slot = "bwrap", 2
+    if os.geteuid() == 0:  # the sandbox takes a uid of its own only when the grader is root
+        assert sandbox_uid(seen[0]) == 300002
 
 
 def _grader_imports(module: str) -> tuple[set[str], set[str]]:
