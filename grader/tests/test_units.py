@@ -120,16 +120,23 @@ def test_benchmark_counts_every_sign_of_a_stall(tmp_path):
 WRITTEN_FILES = {("package.py", "LAB_PY")}
 
 
+def _grader_modules():
+    """Each module of grader/ and its syntax tree, but the tests and the variants (students'
+    answers, as written)."""
+    import ast
+
+    for path in sorted((REPO_ROOT / "grader").rglob("*.py")):
+        if "tests" not in path.parts and path.name != "variants.py":
+            yield path, ast.parse(path.read_text(encoding="utf-8"))
+
+
 def test_no_code_over_20_lines_is_kept_as_a_string():
     """Code the grader runs in a kernel lives in modules (linted, type-checked, covered) and is
     compiled there from its file; what is sent as a string is a call of a few lines."""
     import ast
 
     found = []
-    for path in sorted((REPO_ROOT / "grader").rglob("*.py")):
-        if "tests" in path.parts or path.name == "variants.py":  # students' answers, as written
-            continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+    for path, tree in _grader_modules():
         docstrings = {
             id(node.body[0].value)
             for node in ast.walk(tree)
@@ -190,6 +197,7 @@ def test_a_kill_spares_a_process_that_is_no_longer_the_one_listed():
             time.sleep(0.05)
         assert _stat(child)[:1] in ([], ["Z"])
     finally:
+        _kill(descendants(parent.pid))  # the sleep too, should an assertion stop the test early
         parent.kill()
         parent.wait()
 
@@ -199,10 +207,8 @@ def test_no_function_of_the_grader_is_over_150_lines():
     import ast
 
     found = []
-    for path in sorted((REPO_ROOT / "grader").rglob("*.py")):
-        if "tests" in path.parts or path.name == "variants.py":
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for path, tree in _grader_modules():
+        for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = node.end_lineno - node.lineno + 1
                 if lines > 150:
